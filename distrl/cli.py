@@ -1,0 +1,59 @@
+"""`distrl train | validate | make-tiny-model`.
+
+Only argparse, Pydantic and YAML are imported until a command needs more: `distrl --help` and `distrl validate`
+never import torch, Ray or vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from distrl import config
+
+
+def _add_config_args(p: argparse.ArgumentParser, positional: bool) -> None:
+    if positional:
+        p.add_argument("config", help="YAML config file")
+    else:
+        p.add_argument("--config", "-c", required=True, help="YAML config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, e.g. --set loss.kl.coef=0.01 (repeatable; YAML values)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="distrl", description="Ray-distributed RL post-training of LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="run a training job (embedded Ray cluster, or the one RAY_ADDRESS names)")
+    _add_config_args(train, positional=False)
+    validate = sub.add_parser("validate", help="validate a config and print it resolved, or list what is wrong")
+    _add_config_args(validate, positional=True)
+    tiny = sub.add_parser("make-tiny-model", help="build a small random Llama + locally trained tokenizer")
+    tiny.add_argument("dir", help="output directory")
+    tiny.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "make-tiny-model":
+        from distrl.workers.tiny_model import make_tiny_model
+
+        print(make_tiny_model(args.dir, seed=args.seed))
+        return 0
+    try:
+        cfg = config.load(args.config, args.overrides)
+    except config.ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.command == "validate":
+        print(config.to_yaml(cfg), end="")
+        return 0
+    from distrl.driver import train
+
+    train(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

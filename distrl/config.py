@@ -1,0 +1,511 @@
+"""The one typed config tree.
+
+Validated once at the boundary (`load`), then handed down in slices: each component receives only its own section
+(`cfg.loss`, `cfg.rollout`, ...). Every model forbids unknown keys so that a typo is an error, not a silent default.
+Cross-field checks live on `Config` and name every field they involve.
+
+This module imports only Pydantic and PyYAML: `distrl validate` and `distrl --help` must stay light.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "AlgorithmConfig",
+    "ClusterConfig",
+    "Config",
+    "ConfigError",
+    "CorrectionConfig",
+    "DataConfig",
+    "KLConfig",
+    "LearnerConfig",
+    "LossConfig",
+    "ModelConfig",
+    "ReferenceConfig",
+    "RewardConfig",
+    "RoleResources",
+    "RolloutConfig",
+    "RunConfig",
+    "SamplingConfig",
+    "load",
+]
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
+AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+
+
+class Section(BaseModel):
+    """Base of every section: unknown keys are errors, assignments are re-validated, docstrings become descriptions."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+# --------------------------------------------------------------------------------------------------- model & data
+class ModelConfig(Section):
+    path: str = Field(min_length=1)
+    """Local directory or hub name of the policy model (HF format). The learner trains it, vLLM serves it."""
+    tokenizer: str | None = None
+    """Tokenizer location; null means the model path."""
+    trust_remote_code: bool = False
+    """Passed to transformers and vLLM when loading the model and tokenizer."""
+    create_tiny_if_missing: bool = False
+    """Build distrl's tiny random test model at `path` when nothing is there (seeded, so every node that needs it
+    builds identical weights). For the quickstart and tests, where no hub is reachable; never set it for real runs."""
+
+
+class DataConfig(Section):
+    path: str = Field(min_length=1)
+    """Prompt file: `.jsonl`, `.parquet`, or a `datasets` directory saved with `save_to_disk`."""
+    prompt_key: str = "prompt"
+    """Field holding the prompt: a string, or a list of chat messages `{role, content}`."""
+    answer_key: str | None = "answer"
+    """Field holding the reference answer handed to the reward function; null when the task has none."""
+    chat_template: Literal["auto", "always", "never"] = "auto"
+    """`auto`: chat messages are rendered with the tokenizer's template, plain strings are used as they are;
+    `always`: plain strings are wrapped as one user message and rendered; `never`: messages are an error."""
+    max_prompt_tokens: int = Field(default=256, gt=0)
+    """Prompts longer than this (in tokens) are dropped at load time and counted."""
+    shuffle: bool = True
+    """Shuffle the prompt order each epoch, deterministically from `run.seed` and the epoch number."""
+
+
+# --------------------------------------------------------------------------------------------------------- rollout
+class SamplingConfig(Section):
+    temperature: float = Field(default=1.0, gt=0.0)
+    """Sampling temperature. The learner and reference divide logits by the same value, so that their log-probs
+    describe the distribution the sampler drew from."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass. Values below 1 make the sampler's distribution differ from the trained one."""
+    top_k: int = Field(default=-1, ge=-1)
+    """Top-k truncation; -1 disables it."""
+    max_new_tokens: int = Field(default=64, gt=0)
+    """Maximum response length in tokens."""
+    stop: list[str] = Field(default_factory=list)
+    """Stop strings; the response ends before them."""
+
+
+class RolloutConfig(Section):
+    prompts_per_step: int = Field(default=8, gt=0)
+    """Prompts drawn per training step (P). The global batch is P x n_samples_per_prompt sequences."""
+    n_samples_per_prompt: int = Field(default=4, gt=0)
+    """Responses sampled per prompt (the group size G of group-relative estimators)."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """How responses are sampled."""
+    dtype: Dtype = "bfloat16"
+    """Engine dtype. A dtype lower than the learner's creates the rollout/trainer mismatch that `loss.correction`
+    corrects."""
+    max_model_len: int | None = Field(default=None, gt=0)
+    """Engine context length; null means max_prompt_tokens + max_new_tokens."""
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    """vLLM tensor parallelism per rollout actor (GPU only; each actor then needs that many GPUs)."""
+    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may take (GPU only)."""
+    kv_cache_bytes: int = Field(default=128 * 2**20, gt=0)
+    """KV-cache size on CPU, in bytes (vLLM's CPU build cannot infer it)."""
+    enforce_eager: bool = True
+    """Disable CUDA graphs / compilation: faster start-up, slower decoding."""
+    seed: int | None = None
+    """Base sampling seed; actor i uses seed + i. Null derives it from `run.seed`."""
+
+
+class ReferenceConfig(Section):
+    path: str | None = None
+    """Reference model; null means the initial policy (`model.path`). Created only when a KL term needs it."""
+    dtype: Dtype = "float32"
+    """Dtype the reference model runs in."""
+    micro_batch_size: int = Field(default=8, gt=0)
+    """Sequences per reference forward pass."""
+
+
+# --------------------------------------------------------------------------------------------------------- learner
+class LearnerConfig(Section):
+    dtype: Dtype = "float32"
+    """Dtype of the trained weights and of the forward pass."""
+    lr: float = Field(default=1e-5, gt=0.0)
+    """Peak learning rate of AdamW."""
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warm-up length in optimizer steps."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """Schedule after warm-up: constant, or cosine decay to `min_lr_ratio * lr` at the last optimizer step."""
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Floor of the cosine schedule as a fraction of `lr`."""
+    max_grad_norm: float | None = Field(default=1.0, gt=0.0)
+    """Global gradient-norm clip; null disables clipping (the norm is still measured)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    ppo_epochs: int = Field(default=1, gt=0)
+    """Passes over each step's batch."""
+    mini_batch_size: int | None = Field(default=None, gt=0)
+    """Sequences per optimizer step, across all learners; null means the whole step batch (one step per epoch)."""
+    micro_batch_size: int = Field(default=4, gt=0)
+    """Sequences per forward/backward pass on one learner."""
+    max_consecutive_nonfinite: int = Field(default=3, gt=0)
+    """Optimizer steps with a non-finite loss or grad norm are skipped; this many in a row stop the run."""
+
+
+# ---------------------------------------------------------------------------------------------------- algo & loss
+class AlgorithmConfig(Section):
+    advantage: AdvantageEstimator = "grpo"
+    """Advantage estimator. `gae` needs a value model (critic)."""
+    eps: float = Field(default=1e-6, gt=0.0)
+    """Added to the standard deviation before dividing (grpo, reinforce_pp*)."""
+    gamma: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Discount over response tokens (token-level returns, GAE)."""
+    lam: float = Field(default=0.95, ge=0.0, le=1.0)
+    """GAE lambda."""
+    old_logprobs: Literal["recompute", "rollout"] = "recompute"
+    """Where the PPO ratio's denominator comes from. `recompute`: the learner scores the batch before updating
+    (decoupled PPO; the rollout correction then bridges rollout -> old). `rollout`: use vLLM's log-probs directly
+    (bypass mode; cheaper, and the correction weights are then identically 1)."""
+
+
+class KLConfig(Section):
+    coef: float = Field(default=0.0, ge=0.0)
+    """Weight beta of the KL-to-reference term; 0 disables it (and the reference actor)."""
+    estimator: Literal["k1", "k2", "k3", "k3+"] = "k3"
+    """Per-token estimator of KL(pi || pi_ref) (Schulman 2020); `k3+` is k3's value with k2's gradient."""
+    target: Literal["loss", "reward"] = "loss"
+    """`loss`: add coef * KL to the loss; `reward`: subtract it from the token rewards before advantages."""
+
+
+class CorrectionConfig(Section):
+    mode: Literal["tis", "icepop", "seq_mask_tis"] = "tis"
+    """Importance-sampling correction of the rollout/trainer mismatch (weights from old_logprobs - rollout_logprobs).
+    `tis`: truncate the ratio into [low, high]; `icepop`: zero tokens whose ratio leaves [low, high];
+    `seq_mask_tis`: zero whole sequences whose geometric-mean ratio leaves [low, high]."""
+    level: Literal["token", "sequence"] = "token"
+    """`sequence` uses the per-sequence product ratio for tis/icepop. seq_mask_tis is sequence-masked by
+    construction and takes `token` only."""
+    low: float = Field(default=0.0, ge=0.0)
+    """Lower bound of the ratio (0 gives TIS's one-sided cap)."""
+    high: float = Field(default=2.0, gt=0.0)
+    """Upper bound of the ratio."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> CorrectionConfig:
+        if not self.low < self.high:
+            raise ValueError(f"loss.correction.low ({self.low}) must be < loss.correction.high ({self.high})")
+        if self.mode == "seq_mask_tis" and self.level != "token":
+            raise ValueError("loss.correction.level must be 'token' with loss.correction.mode 'seq_mask_tis' "
+                             "(the mode already masks whole sequences)")
+        return self
+
+
+class LossConfig(Section):
+    policy: Literal["ppo", "gspo"] = "ppo"
+    """Per-token PPO ratio, or GSPO's per-sequence length-normalised ratio."""
+    clip_low: float = Field(default=0.2, ge=0.0, lt=1.0)
+    """Ratio is clipped below at 1 - clip_low."""
+    clip_high: float = Field(default=0.2, ge=0.0)
+    """Ratio is clipped above at 1 + clip_high (DAPO's clip-higher sets it above clip_low)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1: for A < 0 the per-token loss is capped at -c A (Ye et al. 2020). Null disables."""
+    aggregation: Aggregation = "token_mean"
+    """How per-token terms become one scalar: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum,
+    seq_mean_token_sum_norm (Dr. GRPO: per-sequence sums over a constant `norm_len`)."""
+    norm_len: int | None = Field(default=None, gt=0)
+    """Constant divisor of seq_mean_token_sum_norm; null means the padded response length
+    (`rollout.sampling.max_new_tokens` in training)."""
+    entropy_coef: float = Field(default=0.0, ge=0.0)
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    kl: KLConfig = Field(default_factory=KLConfig)
+    """KL to the reference model."""
+    correction: CorrectionConfig | None = None
+    """Rollout/trainer importance-sampling correction; null disables it."""
+
+    @model_validator(mode="after")
+    def _checks(self) -> LossConfig:
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
+            raise ValueError(f"loss.dual_clip must be > 1 (got {self.dual_clip}); null disables it")
+        if self.policy == "gspo" and self.aggregation == "token_mean":
+            raise ValueError("loss.policy 'gspo' is sequence-level and cannot use loss.aggregation 'token_mean'; "
+                             "use seq_mean_token_mean")
+        return self
+
+
+# --------------------------------------------------------------------------------------------------------- rewards
+class RewardConfig(Section):
+    function: str = "distrl.workers.rewards:exact_match"
+    """Reward function `package.module:function` with signature (prompt, completion, sample) -> float."""
+    on_error: Literal["raise", "zero"] = "raise"
+    """A raising reward function fails the step (`raise`) or scores that sample 0 and counts it (`zero`)."""
+    num_cpus: float = Field(default=0.25, gt=0.0)
+    """CPUs reserved by each reward task."""
+    batch_per_task: int = Field(default=64, gt=0)
+    """Samples scored per Ray task."""
+
+
+# --------------------------------------------------------------------------------------------------------- cluster
+class RoleResources(Section):
+    num_actors: int = Field(default=1, gt=0)
+    """Actors in this role."""
+    num_cpus: float = Field(default=1.0, gt=0.0)
+    """CPUs reserved per actor."""
+    num_gpus: float = Field(default=0.0, ge=0.0)
+    """GPUs reserved per actor (0 on a CPU-only machine)."""
+
+
+class ClusterConfig(Section):
+    address: str | None = None
+    """Ray address: null starts an embedded local cluster (or joins the one `RAY_ADDRESS` names, as in a Ray job);
+    `auto`, `ray://host:port` or `host:port` join an existing one."""
+    dashboard_host: str = "127.0.0.1"
+    """Interface of the embedded cluster's dashboard. Keep it on loopback unless the network is trusted."""
+    num_cpus: int | None = Field(default=None, gt=0)
+    """CPUs the embedded cluster advertises; null means all of this machine's."""
+    rollout: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1.0))
+    """Rollout (vLLM) actors."""
+    learner: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1.0))
+    """Learner actors (data-parallel)."""
+    reference: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0.5))
+    """Reference actors."""
+    colocate: bool = False
+    """Pack all roles into one placement group (PACK over the whole job) instead of one group per role."""
+    weight_sync: Literal["auto", "object_store", "nccl"] = "auto"
+    """Learner -> rollout weight transport: `auto` is nccl when learners and rollout actors have GPUs, else the
+    Ray object store."""
+    sync_bucket_bytes: int = Field(default=64 * 2**20, gt=0)
+    """Weights travel in buckets of about this many bytes."""
+    actor_env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for every actor."""
+
+
+# ------------------------------------------------------------------------------------------------------------- run
+class RunConfig(Section):
+    name: str = Field(default="run", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Run name: the run directory is output_dir/name."""
+    output_dir: str = "runs"
+    """Parent of run directories."""
+    steps: int = Field(default=10, gt=0)
+    """Training steps (one step = generate, score, update, sync)."""
+    seed: int = 0
+    """Seed of data order, sampling and initialisation."""
+    log_every: int = Field(default=1, gt=0)
+    """Print a progress line every this many steps (metrics files get every step)."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to RUN_DIR/tensorboard."""
+    ray_metrics: bool = True
+    """Export every step's figures as Ray metrics (dashboard metrics view)."""
+    progress: bool = True
+    """Show a progress bar."""
+    checkpoint_every: int = Field(default=0, ge=0)
+    """Save a checkpoint every this many steps (0: only at the end if `checkpoint_at_end`)."""
+    checkpoint_at_end: bool = False
+    """Save a checkpoint after the last step."""
+    resume: bool = False
+    """Continue from the newest checkpoint in the run directory."""
+
+
+# ------------------------------------------------------------------------------------------------------------ root
+class Config(Section):
+    model: ModelConfig
+    """Policy model."""
+    data: DataConfig
+    """Prompt data."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """vLLM generation."""
+    reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
+    """Reference model for the KL term."""
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    """Optimisation."""
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Advantage estimation and the source of old log-probs."""
+    loss: LossConfig = Field(default_factory=LossConfig)
+    """Policy loss."""
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    """Reward function."""
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Actor counts, resources and placement."""
+    run: RunConfig = Field(default_factory=RunConfig)
+    """Steps, seed, outputs."""
+
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences per step: prompts_per_step x n_samples_per_prompt."""
+        return self.rollout.prompts_per_step * self.rollout.n_samples_per_prompt
+
+    @property
+    def mini_batch_size(self) -> int:
+        """Sequences per optimizer step (the whole batch when `learner.mini_batch_size` is null)."""
+        return self.learner.mini_batch_size or self.global_batch_size
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a reference actor must exist (a KL term with a non-zero coefficient)."""
+        return self.loss.kl.coef > 0.0
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Config:
+        errors: list[str] = []
+        adv = self.algorithm.advantage
+        g = self.rollout.n_samples_per_prompt
+        if adv in GROUP_ESTIMATORS and g < 2:
+            errors.append(f"algorithm.advantage '{adv}' compares samples within a group and needs "
+                          f"rollout.n_samples_per_prompt >= 2 (got {g})")
+        if adv == "gae":
+            errors.append("algorithm.advantage 'gae' needs a value model (critic), which distrl's driver does not "
+                          "train yet; use grpo, dr_grpo, rloo, reinforce_pp or reinforce_pp_baseline")
+        batch, mini = self.global_batch_size, self.mini_batch_size
+        learners, micro = self.cluster.learner.num_actors, self.learner.micro_batch_size
+        if batch % mini:
+            errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
+                          f"learner.mini_batch_size ({mini})")
+        if mini % (learners * micro):
+            errors.append(f"learner.mini_batch_size ({mini}) must be divisible by cluster.learner.num_actors "
+                          f"({learners}) x learner.micro_batch_size ({micro})")
+        if self.loss.kl.target == "reward" and self.loss.kl.estimator == "k3+":
+            errors.append("loss.kl.estimator 'k3+' only changes gradients and has no meaning with "
+                          "loss.kl.target 'reward'; use k1, k2 or k3")
+        if self.algorithm.old_logprobs == "rollout" and self.loss.correction is not None:
+            errors.append("loss.correction needs algorithm.old_logprobs 'recompute': with 'rollout' the old and "
+                          "rollout log-probs are the same and every weight would be 1")
+        if self.rollout.max_model_len is not None and (
+            self.rollout.max_model_len < self.data.max_prompt_tokens + self.rollout.sampling.max_new_tokens
+        ):
+            errors.append(f"rollout.max_model_len ({self.rollout.max_model_len}) must be >= data.max_prompt_tokens "
+                          f"+ rollout.sampling.max_new_tokens "
+                          f"({self.data.max_prompt_tokens + self.rollout.sampling.max_new_tokens})")
+        if self.rollout.tensor_parallel_size > 1 and self.cluster.rollout.num_gpus < self.rollout.tensor_parallel_size:
+            errors.append(f"rollout.tensor_parallel_size ({self.rollout.tensor_parallel_size}) needs "
+                          f"cluster.rollout.num_gpus >= it (got {self.cluster.rollout.num_gpus})")
+        if self.cluster.weight_sync == "nccl" and (
+            self.cluster.learner.num_gpus == 0 or self.cluster.rollout.num_gpus == 0
+        ):
+            errors.append("cluster.weight_sync 'nccl' needs GPUs on both cluster.learner.num_gpus and "
+                          "cluster.rollout.num_gpus")
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+
+# ------------------------------------------------------------------------------------------------------- loading
+class ConfigError(ValueError):
+    """A config could not be loaded; the message lists every problem with its field path and where it was set."""
+
+
+Origins = dict[tuple[str, ...], str]
+"""Where each key of the raw tree was written: `file:line` or `--set key=value`."""
+
+
+def _yaml_origins(text: str, source: str) -> Origins:
+    """Map every key path of a YAML document to `source:line` (1-based), so errors can point at the line."""
+    origins: Origins = {}
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                child = (*path, str(key.value))
+                origins[child] = f"{source}:{key.start_mark.line + 1}"
+                walk(value, child)
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, ())
+    return origins
+
+
+def _parse_value(text: str) -> Any:
+    """Parse an override's right-hand side as YAML (`0.1`, `true`, `null`, `[a, b]`); empty means ''."""
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
+
+
+def apply_override(tree: dict[str, Any], override: str, origins: Origins | None = None) -> None:
+    """Apply one `dotted.key=value` override to a raw (not yet validated) config mapping, in place."""
+    key, sep, value = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {override!r}: expected key=value, e.g. --set loss.kl.coef=0.01")
+    parts = tuple(key.strip().split("."))
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {override!r}: {'.'.join(parts[: i + 1])} is a value, not a section")
+        node = child
+    node[parts[-1]] = _parse_value(value)
+    if origins is not None:
+        origins[parts] = f"--set {override}"
+
+
+def _where(loc: tuple[str, ...], origins: Origins) -> str | None:
+    """The origin of the longest prefix of `loc` that was written somewhere."""
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in origins:
+            return origins[loc[:n]]
+    return None
+
+
+_FIELD_PATH = re.compile(r"\b[a-z_]+(?:\.[a-z_]+)+\b")
+
+
+def format_validation_error(err: ValidationError, origins: Origins | None = None) -> list[str]:
+    """One line per problem: `field.path: message  (file:line)`."""
+    lines = []
+    for e in err.errors():
+        loc = tuple(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        for part in msg.split("\n"):
+            # A cross-field message names its fields: point at the lines where those were set.
+            named = [tuple(m.split(".")) for m in _FIELD_PATH.findall(part)]
+            wheres = [w for w in dict.fromkeys(_where(n, origins or {}) for n in named) if w]
+            if not wheres and loc:
+                wheres = [w for w in [_where(loc, origins or {})] if w]
+            suffix = f"  ({', '.join(wheres)})" if wheres else ""
+            prefix = "" if named else f"{'.'.join(loc) or 'config'}: "
+            lines.append(f"  {prefix}{part}{suffix}")
+    return lines
+
+
+def from_dict(tree: dict[str, Any], source: str = "<config>", origins: Origins | None = None) -> Config:
+    """Validate a raw mapping; raise ConfigError listing every bad field path."""
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        lines = format_validation_error(err, origins)
+        head = f"invalid config {source}: {len(lines)} problem{'s' if len(lines) > 1 else ''}"
+        raise ConfigError("\n".join([head, *lines])) from None
+
+
+def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config, apply `key=value` overrides in order, validate.
+
+    Relative paths inside the file (model.path, data.path, ...) are kept as written: they resolve against the
+    working directory, as a Ray job's `--working-dir` expects.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    text = path.read_text()
+    try:
+        tree = yaml.safe_load(text) or {}
+        origins = _yaml_origins(text, str(path))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {getattr(err, 'problem', err)}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(tree).__name__}")
+    for override in overrides:
+        apply_override(tree, override, origins)
+    return from_dict(tree, source=str(path), origins=origins)
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config, every default filled in, as YAML."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

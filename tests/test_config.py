@@ -1,0 +1,146 @@
+"""The config tree: every shipped config loads, every bad config is rejected with the field it concerns and where
+it was set, overrides apply, and validation stays light (no torch / Ray / vLLM)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distrl import config
+from distrl.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+MINIMAL = {"model": {"path": "m"}, "data": {"path": "d.jsonl"}}
+
+
+def write(tmp_path, tree) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = config.load(path)
+    assert cfg.global_batch_size % cfg.mini_batch_size == 0
+
+
+def test_defaults_and_derived_sizes(tmp_path):
+    cfg = config.load(write(tmp_path, MINIMAL))
+    assert cfg.global_batch_size == 8 * 4 and cfg.mini_batch_size == 32
+    assert cfg.loss.correction is None and not cfg.needs_reference
+
+
+BAD = [
+    # (overrides, text the error must contain)
+    (["loss.correction.mode=tis", "loss.correction.low=2", "loss.correction.high=1"], "loss.correction.low"),
+    (["loss.correction.low=-0.1"], "loss.correction.low"),
+    (["loss.correction.mode=seq_mask_tis", "loss.correction.level=sequence"], "loss.correction.level"),
+    (["loss.dual_clip=1.0"], "loss.dual_clip"),
+    (["loss.policy=gspo", "loss.aggregation=token_mean"], "loss.aggregation"),
+    (["loss.aggregation=token_sum"], "loss.aggregation"),
+    (["loss.kl.estimator=k4"], "loss.kl.estimator"),
+    (["loss.kl.coef=-1"], "loss.kl.coef"),
+    (["loss.kl.target=reward", "loss.kl.estimator=k3+", "loss.kl.coef=0.1"], "loss.kl.estimator"),
+    (["loss.clip_low=1.5"], "loss.clip_low"),
+    (["algorithm.advantage=grpo", "rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt"),
+    (["algorithm.advantage=rloo", "rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt"),
+    (["algorithm.advantage=gae"], "algorithm.advantage"),
+    (["algorithm.advantage=ppo"], "algorithm.advantage"),
+    (["learner.mini_batch_size=12"], "learner.mini_batch_size"),
+    (["learner.micro_batch_size=3"], "learner.micro_batch_size"),
+    (["cluster.learner.num_actors=3"], "cluster.learner.num_actors"),
+    (["algorithm.old_logprobs=rollout", "loss.correction.mode=tis"], "algorithm.old_logprobs"),
+    (["rollout.max_model_len=10"], "rollout.max_model_len"),
+    (["rollout.sampling.temperature=0"], "rollout.sampling.temperature"),
+    (["rollout.sampling.top_p=1.5"], "rollout.sampling.top_p"),
+    (["cluster.weight_sync=nccl"], "cluster.weight_sync"),
+    (["cluster.rollout.num_actors=0"], "cluster.rollout.num_actors"),
+    (["run.name=has space"], "run.name"),
+    (["run.steps=0"], "run.steps"),
+    (["model.typo=1"], "model.typo"),
+    (["loss.kl.cof=0.1"], "loss.kl.cof"),
+]
+
+
+@pytest.mark.parametrize("overrides,field", BAD, ids=[b[1] + ":" + ",".join(b[0]) for b in BAD])
+def test_bad_config_names_the_field(tmp_path, overrides, field):
+    with pytest.raises(ConfigError) as err:
+        config.load(write(tmp_path, MINIMAL), overrides)
+    assert field in str(err.value)
+    # Every problem points at where it was set: the --set that introduced a value, or the file line.
+    assert "--set" in str(err.value) or "c.yaml" in str(err.value)
+
+
+def test_error_points_at_file_and_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  path: m\ndata:\n  path: d\nloss:\n  dual_clip: 0.5\n")
+    with pytest.raises(ConfigError, match=r"loss\.dual_clip must be > 1 .*c\.yaml:6"):
+        config.load(path)
+
+
+def test_several_problems_are_all_reported(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        config.load(write(tmp_path, MINIMAL), ["rollout.n_samples_per_prompt=1", "learner.micro_batch_size=3"])
+    text = str(err.value)
+    assert "2 problems" in text and "n_samples_per_prompt" in text and "micro_batch_size" in text
+
+
+def test_overrides_parse_yaml_values_and_create_sections(tmp_path):
+    cfg = config.load(write(tmp_path, MINIMAL), ["loss.kl.coef=0.05", "loss.correction.mode=icepop",
+                                                 "rollout.sampling.stop=[a, b]", "loss.dual_clip=null"])
+    assert cfg.loss.kl.coef == 0.05 and cfg.loss.correction.mode == "icepop"
+    assert cfg.rollout.sampling.stop == ["a", "b"] and cfg.loss.dual_clip is None
+
+
+@pytest.mark.parametrize("override", ["novalue", "=3", "model.path.x=1"])
+def test_malformed_override(tmp_path, override):
+    with pytest.raises(ConfigError, match="--set"):
+        config.load(write(tmp_path, MINIMAL), [override])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        config.load(tmp_path / "nope.yaml")
+    path = tmp_path / "bad.yaml"
+    path.write_text("model:\n  path: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml:\d+:\d+: not valid YAML"):
+        config.load(path)
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = config.load(ROOT / "configs" / "quickstart.yaml")
+    again = config.from_dict(yaml.safe_load(config.to_yaml(cfg)))
+    assert again == cfg
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_config_algo_and_cli_import_neither_ray_nor_vllm():
+    code = ("import sys, distrl.config, distrl.algo, distrl.cli, distrl.types\n"
+            "heavy = [m for m in ('ray', 'vllm') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    result = _run(code)
+    assert result.returncode == 0, result.stderr
+
+
+def test_validate_imports_no_torch_and_reports_errors():
+    code = ("import sys\nfrom distrl.cli import main\n"
+            "rc = main(['validate', 'configs/quickstart.yaml', '--set', 'loss.dual_clip=0.5'])\n"
+            "assert rc == 2, rc\n"
+            "heavy = [m for m in ('torch', 'ray', 'vllm') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    result = _run(code)
+    assert result.returncode == 0, result.stderr
+    assert "loss.dual_clip must be > 1" in result.stderr and "--set loss.dual_clip=0.5" in result.stderr
+
+
+def test_validate_prints_resolved_config():
+    result = subprocess.run([sys.executable, "-m", "distrl.cli", "validate", "configs/quickstart.yaml",
+                             "--set", "run.steps=3"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["run"]["steps"] == 3
