@@ -1,0 +1,253 @@
+"""Prompt datasets: rows -> tokenized `Prompt`s, and the deterministic, resumable batch iterator.
+
+Light at import time: pyarrow, `datasets`, jinja2 and `distrl.types` (which imports torch) are imported by the
+functions that need them, so `distrl validate` never pays for them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from distrl.config import DataConfig
+
+if TYPE_CHECKING:
+    from distrl.types import Prompt
+
+__all__ = ["DataError", "DataStats", "PromptIterator", "load_prompts", "read_rows"]
+
+JSON_LINES = (".jsonl", ".json")
+
+
+class DataError(ValueError):
+    """A prompt dataset is unusable; the message names the file and the line (or row) at fault."""
+
+
+@dataclass(frozen=True)
+class DataStats:
+    """What loading did: `rows` read, `kept` as prompts, `dropped` for exceeding `data.max_prompt_tokens`,
+    `longest` kept prompt in tokens."""
+
+    rows: int
+    kept: int
+    dropped: int
+    longest: int
+
+
+# -------------------------------------------------------------------------------------------------------- reading
+def _json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    with path.open("rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: not valid JSON ({err.msg}, column {err.colno}); "
+                                f"expected one JSON object per line") from None
+            except UnicodeDecodeError as err:
+                raise DataError(f"{where}: not valid UTF-8 ({err.reason})") from None
+            yield where, row
+
+
+def _parquet(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except pa.ArrowException as err:
+        raise DataError(f"{path}: cannot read as parquet: {err}") from err
+    for i, row in enumerate(table.to_pylist()):
+        yield f"{path}: row {i}", row
+
+
+def _saved_dataset(path: Path) -> Iterator[tuple[str, Any]]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except FileNotFoundError as err:
+        raise DataError(f"{path}: not a dataset saved with `save_to_disk`: {err}") from err
+    if isinstance(ds, datasets.DatasetDict):
+        if len(ds) != 1:
+            raise DataError(f"{path} holds the splits {sorted(ds)}: point data.path at one of their directories, "
+                            f"e.g. {path / sorted(ds)[0]}")
+        (ds,) = ds.values()
+    for i, row in enumerate(ds):
+        yield f"{path}: row {i}", row
+
+
+def read_rows(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """Rows of a `.jsonl` / `.json` (JSON lines), `.parquet` or `save_to_disk` dataset, each with its location
+    (`file:line`, 1-based, or `file: row i`, 0-based) for error messages."""
+    path = Path(path)
+    if path.is_dir():
+        return _saved_dataset(path)
+    if not path.is_file():
+        raise DataError(f"data.path {path} does not exist")
+    if path.suffix in JSON_LINES:
+        return _json_lines(path)
+    if path.suffix == ".parquet":
+        return _parquet(path)
+    raise DataError(f"data.path {path}: unknown format {path.suffix!r}; expected .jsonl, .json (JSON lines), "
+                    f".parquet, or a directory saved with datasets' `save_to_disk`")
+
+
+# ------------------------------------------------------------------------------------------------------ rendering
+def _check_messages(messages: list, where: str, key: str) -> None:
+    if not messages:
+        raise DataError(f"{where}: {key!r} is an empty list of chat messages")
+    for j, message in enumerate(messages):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise DataError(f"{where}: {key!r} message {j} must be an object with string 'role' and 'content', "
+                            f"got {str(message)[:100]}")
+
+
+def _apply_template(tokenizer, messages: list[dict], where: str, mode: str) -> str:
+    from jinja2 import TemplateError
+
+    if tokenizer.chat_template is None:
+        raise DataError(f"{where}: this prompt needs a chat template (data.chat_template {mode!r}) and the "
+                        f"tokenizer has none; use plain-string prompts with data.chat_template 'auto' or 'never'")
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except TemplateError as err:
+        raise DataError(f"{where}: the chat template rejected these messages: {err}") from err
+
+
+def _render(row: Any, where: str, cfg: DataConfig, tokenizer) -> tuple[str, bool]:
+    """(prompt text, whether the chat template rendered it) for one row, per `cfg.chat_template`."""
+    key, mode = cfg.prompt_key, cfg.chat_template
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected an object with a {key!r} field, got {type(row).__name__}")
+    if key not in row:
+        raise DataError(f"{where}: no prompt field {key!r} (data.prompt_key); the row has {sorted(row)}")
+    prompt = row[key]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise DataError(f"{where}: {key!r} is empty")
+        if mode != "always":
+            return prompt, False
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list):
+        if mode == "never":
+            raise DataError(f"{where}: {key!r} holds chat messages but data.chat_template is 'never'")
+        _check_messages(prompt, where, key)
+        messages = prompt
+    else:
+        raise DataError(f"{where}: {key!r} must be a string or a list of chat messages, got {type(prompt).__name__}")
+    return _apply_template(tokenizer, messages, where, mode), True
+
+
+def _answer(row: dict, where: str, key: str | None) -> str | None:
+    value = row.get(key) if key is not None else None
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise DataError(f"{where}: answer field {key!r} (data.answer_key) must be a string or a number, "
+                    f"got {type(value).__name__}")
+
+
+def _token_ids(tokenizer, texts: list[str], templated: list[bool]) -> list[list[int]]:
+    """Token ids with BOS exactly once.
+
+    A rendered chat template already writes its special tokens (HF tokenizes it with add_special_tokens=False
+    too), as does a plain prompt that starts with BOS; every other plain prompt gets the tokenizer's own.
+    """
+    bos = tokenizer.bos_token
+    add = [not t and not (bos and text.startswith(bos)) for text, t in zip(texts, templated)]
+    ids: list[list[int]] = [[] for _ in texts]
+    for flag in (True, False):
+        idx = [i for i, a in enumerate(add) if a == flag]
+        if idx:  # one batched call per setting: much faster than a call per row on large datasets
+            encoded = tokenizer([texts[i] for i in idx], add_special_tokens=flag)["input_ids"]
+            for i, row_ids in zip(idx, encoded):
+                ids[i] = list(row_ids)
+    return ids
+
+
+# -------------------------------------------------------------------------------------------------------- loading
+def load_prompts(cfg: DataConfig, tokenizer) -> tuple[list[Prompt], DataStats]:
+    """Read, render and tokenize the prompts `cfg` names; drop (and count) those over `cfg.max_prompt_tokens`.
+
+    Raises DataError naming file and line (or row) for a malformed row, and when no prompt is left.
+    """
+    from distrl.types import Prompt
+
+    rows, texts, templated, answers = [], [], [], []
+    for where, row in read_rows(cfg.path):
+        text, from_template = _render(row, where, cfg, tokenizer)
+        answers.append(_answer(row, where, cfg.answer_key))
+        rows.append(row)
+        texts.append(text)
+        templated.append(from_template)
+    token_ids = _token_ids(tokenizer, texts, templated)
+    prompts = [Prompt(index=i, text=texts[i], prompt_ids=token_ids[i], answer=answers[i], sample=rows[i])
+               for i in range(len(rows)) if len(token_ids[i]) <= cfg.max_prompt_tokens]
+    stats = DataStats(rows=len(rows), kept=len(prompts), dropped=len(rows) - len(prompts),
+                      longest=max((len(p.prompt_ids) for p in prompts), default=0))
+    if not prompts:
+        raise DataError(f"{cfg.path}: no prompts left: {stats.rows} rows read, {stats.dropped} longer than "
+                        f"data.max_prompt_tokens ({cfg.max_prompt_tokens})")
+    return prompts, stats
+
+
+# ------------------------------------------------------------------------------------------------------- iterator
+class PromptIterator:
+    """Endless batches of `batch_size` prompts, epoch after epoch; a batch may straddle two epochs.
+
+    Epoch e visits every prompt once, in the order `random.Random(seed * 1_000_003 + e)` shuffles them to (or
+    dataset order without `shuffle`), so the sequence of batches depends only on (prompts, batch_size, seed,
+    shuffle) and a restored `state_dict` continues it exactly. `epoch` is that of the last prompt served.
+    """
+
+    def __init__(self, prompts: list[Prompt], batch_size: int, seed: int = 0, shuffle: bool = True):
+        if not prompts:
+            raise ValueError("PromptIterator needs at least one prompt")
+        if batch_size <= 0:
+            raise ValueError(f"PromptIterator batch_size must be > 0, got {batch_size}")
+        self.prompts, self.batch_size, self.seed, self.shuffle = list(prompts), batch_size, seed, shuffle
+        self.epoch, self.position = 0, 0
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.prompts)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def __iter__(self) -> PromptIterator:
+        return self
+
+    def __next__(self) -> list[Prompt]:
+        batch: list[Prompt] = []
+        while len(batch) < self.batch_size:
+            if self.position == len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._epoch_order(self.epoch)
+            take = min(self.batch_size - len(batch), len(self._order) - self.position)
+            batch += [self.prompts[i] for i in self._order[self.position : self.position + take]]
+            self.position += take
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the iterator stands: epoch, position within that epoch's order, and the dataset size."""
+        return {"epoch": self.epoch, "position": self.position, "num_prompts": len(self.prompts)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from `state_dict()`; the dataset must have the same number of prompts."""
+        if state["num_prompts"] != len(self.prompts):
+            raise ValueError(f"cannot resume the prompt iterator: the checkpoint saw {state['num_prompts']} prompts, "
+                             f"the dataset now has {len(self.prompts)}")
+        if not 0 <= state["position"] <= len(self.prompts):
+            raise ValueError(f"prompt iterator state position {state['position']} is outside 0..{len(self.prompts)}")
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._epoch_order(self.epoch)

@@ -1,0 +1,1 @@
+"""Small built-in tasks (datasets + reward functions) for the quickstart and tests."""

@@ -1,0 +1,1 @@
+"""Plain worker classes (rollout, reference, learner), reward functions and model loading; no Ray here."""

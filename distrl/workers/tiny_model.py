@@ -1,0 +1,108 @@
+"""Build distrl's tiny random test model: a byte-level BPE tokenizer trained on the spot and a random Llama.
+
+No hub is reachable where the tests and the quickstart run, so the model is made locally, in the standard HF
+layout (`config.json`, `model.safetensors`, `tokenizer.json`, chat template) that transformers and vLLM both load
+through their ordinary code paths. Everything is seeded (BPE training breaks ties deterministically), so every
+node that builds it gets byte-identical files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from distrl.tasks.toy import toy_corpus
+
+BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+ROLES = ("system", "user", "assistant")
+ROLE_TOKENS = tuple(f"<|{role}|>" for role in ROLES)
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown chat role: ' ~ message['role']) }}"
+    "{% endif %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+"""`<|bos|><|user|>\\nHi<|eos|>\\n<|assistant|>\\n`: the assistant's turn ends with EOS, where sampling stops."""
+
+GENERIC_TEXT = (
+    "The quick brown fox jumps over the lazy dog.",
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZ abcdefghijklmnopqrstuvwxyz 0123456789",
+    "Question: what is 12 + 30? Answer: 42. The answer is #### 42 or \\boxed{42}.",
+    "Please answer the question, then give the final answer on its own line.",
+    "Count the numbers one by one and write each of them down.",
+    "The next number in the sequence is one more than the last.",
+    "Read the question carefully and answer with a number.",
+    "She counted the apples on the table and wrote the total.",
+    "There are seven days in a week and twelve months in a year.",
+    "We start at zero, then one, two, three, four, five, six, seven, eight, nine, ten.",
+    "If the list is increasing, continue it with the following value.",
+    "What comes after this? Think, then reply.",
+)
+"""General text, so that words, punctuation and answer formats get tokens too."""
+
+
+def default_corpus() -> list[str]:
+    """The toy task's text plus general text.
+
+    The general text is repeated so that words earn about as many BPE merges as numbers: with a vocabulary
+    made mostly of number tokens, a random model would already answer almost only digits, and the toy task's
+    reward would start near its ceiling instead of showing it being learned (it starts near 0.3).
+    """
+    return [*toy_corpus(n=500), *GENERIC_TEXT * 5]
+
+
+def train_tokenizer(corpus: list[str], vocab_size: int):
+    """A byte-level BPE `tokenizers.Tokenizer` that prepends BOS when asked to add special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS, EOS, PAD, *ROLE_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte is encodable, so nothing is <unk>
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    # The ByteLevel post-processor would not prepend BOS; Llama-style tokenizers do, so prompts carry it.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
+    )
+    return tok
+
+
+def make_tiny_model(out_dir: str | Path, *, vocab_size: int = 512, hidden_size: int = 128, num_layers: int = 2,
+                    num_heads: int = 4, seed: int = 0, corpus: list[str] | None = None) -> Path:
+    """Write a random `LlamaForCausalLM` and its tokenizer to `out_dir`; returns the directory.
+
+    The tokenizer is trained on `corpus` (default: `default_corpus()`) and has at
+    most `vocab_size` tokens; the model's vocabulary is exactly the tokenizer's. Same arguments, same bytes.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out = Path(out_dir)
+    raw = train_tokenizer(list(corpus) if corpus is not None else default_corpus(), vocab_size)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+        chat_template=CHAT_TEMPLATE, model_max_length=512, clean_up_tokenization_spaces=False,
+    )
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        max_position_embeddings=512, tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    torch.random.set_rng_state(generator_state)  # leave the caller's random stream as it was
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,23 @@
+"""Shared fixtures: the tiny model (built once per session) and the toy dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """Directory of distrl's tiny random Llama and its tokenizer, built once for the whole session."""
+    from distrl.workers.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture
+def toy_dataset(tmp_path) -> Path:
+    """A 256-row toy-task JSONL file."""
+    from distrl.tasks.toy import write_toy_dataset
+
+    return write_toy_dataset(tmp_path / "toy.jsonl")

@@ -1,0 +1,248 @@
+"""Loading prompt files (jsonl, parquet, datasets dirs), chat rendering, filtering, errors, and the batch iterator."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distrl.config import DataConfig
+from distrl.data import DataError, PromptIterator, load_prompts
+from distrl.tasks.toy import write_toy_dataset
+from distrl.types import Prompt
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def load(path, tokenizer, **kwargs):
+    return load_prompts(DataConfig(path=str(path), **kwargs), tokenizer)
+
+
+# -------------------------------------------------------------------------------------------------------- formats
+def test_toy_dataset_loads_with_bos_once(toy_dataset, tokenizer):
+    prompts, stats = load(toy_dataset, tokenizer)
+    rows = [json.loads(line) for line in toy_dataset.read_text().splitlines()]
+    assert len(prompts) == len(rows) == 256 and (stats.rows, stats.kept, stats.dropped) == (256, 256, 0)
+    first = prompts[0]
+    assert (first.index, first.text, first.answer, first.sample) == (0, rows[0]["prompt"], rows[0]["answer"], rows[0])
+    assert first.prompt_ids == tokenizer(rows[0]["prompt"])["input_ids"]
+    assert all(p.prompt_ids[0] == tokenizer.bos_token_id and tokenizer.bos_token_id not in p.prompt_ids[1:]
+               for p in prompts)
+    assert stats.longest == max(len(p.prompt_ids) for p in prompts)
+
+
+def test_toy_dataset_rows_are_deterministic_and_correct(tmp_path):
+    a, b = write_toy_dataset(tmp_path / "a.jsonl", n=50), write_toy_dataset(tmp_path / "b.jsonl", n=50)
+    assert a.read_text() == b.read_text()
+    assert write_toy_dataset(tmp_path / "c.jsonl", n=50, seed=1).read_text() != a.read_text()
+    for line in a.read_text().splitlines():
+        row = json.loads(line)
+        run = [int(x) for x in row["prompt"].rstrip("?").split(":")[-1].split()[-4:] if x.isdigit()]
+        assert int(row["answer"]) == run[-1] + 1  # the number after the run
+
+
+def test_blank_lines_are_skipped_and_answers_optional(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.json", [{"prompt": "a b"}, "", "   ", {"prompt": "c", "answer": 7}])
+    prompts, stats = load(path, tokenizer)
+    assert [(p.index, p.text, p.answer) for p in prompts] == [(0, "a b", None), (1, "c", "7")]
+    assert stats.rows == 2
+    prompts, _ = load(path, tokenizer, answer_key=None)
+    assert [p.answer for p in prompts] == [None, None]
+
+
+def test_parquet(tmp_path, tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"question": ["Count on: 1 2", "Count on: 5 6"], "target": [3, 7]}), path)
+    prompts, stats = load(path, tokenizer, prompt_key="question", answer_key="target")
+    assert [(p.text, p.answer) for p in prompts] == [("Count on: 1 2", "3"), ("Count on: 5 6", "7")]
+    assert prompts[1].sample == {"question": "Count on: 5 6", "target": 7}
+    with pytest.raises(DataError, match=rf"{path}: row 0: no prompt field 'prompt'"):
+        load(path, tokenizer)
+
+
+def test_datasets_directory(tmp_path, tokenizer):
+    import datasets
+
+    rows = [{"prompt": [{"role": "user", "content": "Count on: 1 2"}], "answer": "3"},
+            {"prompt": [{"role": "user", "content": "Count on: 8 9"}], "answer": "10"}]
+    datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "ds")
+    prompts, _ = load(tmp_path / "ds", tokenizer)
+    assert [p.answer for p in prompts] == ["3", "10"]
+    assert prompts[1].text == "<|bos|><|user|>\nCount on: 8 9<|eos|>\n<|assistant|>\n"
+
+    split = datasets.Dataset.from_list(rows)
+    datasets.DatasetDict({"train": split, "test": split}).save_to_disk(tmp_path / "dd")
+    with pytest.raises(DataError, match="holds the splits"):
+        load(tmp_path / "dd", tokenizer)
+    datasets.DatasetDict({"train": split}).save_to_disk(tmp_path / "single")
+    assert len(load(tmp_path / "single", tokenizer)[0]) == 2
+
+
+@pytest.mark.parametrize("name, message", [("missing.jsonl", "does not exist"), ("d.csv", "unknown format '.csv'")])
+def test_unusable_paths(tmp_path, tokenizer, name, message):
+    (tmp_path / "d.csv").write_text("prompt\nhi\n")
+    with pytest.raises(DataError, match=message):
+        load(tmp_path / name, tokenizer)
+
+
+# ------------------------------------------------------------------------------------------------------ rendering
+def test_chat_messages_are_rendered_without_a_second_bos(tmp_path, tokenizer):
+    messages = [{"role": "system", "content": "Digits only."}, {"role": "user", "content": "Count on: 4 5"}]
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": messages, "answer": "6"}])
+    (prompt,), _ = load(path, tokenizer)
+    assert prompt.text == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert prompt.text.endswith("<|assistant|>\n")
+    assert prompt.prompt_ids == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                              return_dict=False)
+    assert prompt.prompt_ids.count(tokenizer.bos_token_id) == 1
+
+
+def test_chat_template_modes(tmp_path, tokenizer):
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{"prompt": "Count on: 1 2"}])
+    (auto,), _ = load(plain, tokenizer, chat_template="auto")
+    (always,), _ = load(plain, tokenizer, chat_template="always")
+    assert auto.text == "Count on: 1 2"
+    assert always.text == "<|bos|><|user|>\nCount on: 1 2<|eos|>\n<|assistant|>\n"
+    assert always.prompt_ids.count(tokenizer.bos_token_id) == 1
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": [{"role": "user", "content": "hi"}]}])
+    with pytest.raises(DataError, match=rf"{chat}:1: 'prompt' holds chat messages but data.chat_template is 'never'"):
+        load(chat, tokenizer, chat_template="never")
+
+
+def test_plain_prompt_that_already_starts_with_bos_gets_no_second_one(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "<|bos|>Count on: 1 2"}])
+    (prompt,), _ = load(path, tokenizer)
+    assert prompt.prompt_ids.count(tokenizer.bos_token_id) == 1
+
+
+def test_tokenizer_without_chat_template_is_a_clear_error(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    bare = AutoTokenizer.from_pretrained(tiny_model_dir)
+    bare.chat_template = None
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    with pytest.raises(DataError, match="tokenizer has none"):
+        load(path, bare, chat_template="always")
+
+
+# ------------------------------------------------------------------------------------------------------ filtering
+def test_long_prompts_are_dropped_and_counted(tmp_path, tokenizer):
+    rows = [{"prompt": "a", "answer": "0"}, {"prompt": "Count on: " + " ".join(map(str, range(100)))},
+            {"prompt": "b", "answer": "2"}, {"prompt": "word " * 50}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    prompts, stats = load(path, tokenizer, max_prompt_tokens=8)
+    assert [p.index for p in prompts] == [0, 2]  # indices keep the dataset positions
+    assert (stats.rows, stats.kept, stats.dropped, stats.longest) == (4, 2, 2, 2)  # "a" is BOS + one token
+    with pytest.raises(DataError, match=r"no prompts left: 4 rows read, 4 longer than data.max_prompt_tokens \(1\)"):
+        load(path, tokenizer, max_prompt_tokens=1)
+
+
+def test_empty_file_is_an_error(tmp_path, tokenizer):
+    with pytest.raises(DataError, match="no prompts left: 0 rows read"):
+        load(write_jsonl(tmp_path / "empty.jsonl", []), tokenizer)
+
+
+# --------------------------------------------------------------------------------------------------- malformed rows
+@pytest.mark.parametrize("bad, message", [
+    ('{"prompt": "unterminated', "not valid JSON"),
+    ('[1, 2]', "expected an object with a 'prompt' field, got list"),
+    ('{"question": "hi"}', r"no prompt field 'prompt' \(data.prompt_key\); the row has \['question'\]"),
+    ('{"prompt": 5}', "must be a string or a list of chat messages, got int"),
+    ('{"prompt": ""}', "'prompt' is empty"),
+    ('{"prompt": []}', "empty list of chat messages"),
+    ('{"prompt": [{"role": "user"}]}', "message 0 must be an object with string 'role' and 'content'"),
+    ('{"prompt": [{"role": "user", "content": "a"}, "hi"]}', "message 1 must be an object"),
+    ('{"prompt": [{"role": "tool", "content": "a"}]}', "chat template rejected these messages: unknown chat role"),
+    ('{"prompt": "hi", "answer": ["a"]}', "answer field 'answer' .* must be a string or a number, got list"),
+])
+def test_malformed_line_names_file_and_line(tmp_path, tokenizer, bad, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(f'{{"prompt": "ok"}}\n\n{bad}\n{{"prompt": "ok"}}\n')  # the blank line still counts: line 3
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:3: .*{message}"):
+        load(path, tokenizer)
+
+
+def test_invalid_utf8_names_the_line(tmp_path, tokenizer):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"prompt": "ok"}\n{"prompt": "\xff"}\n')
+    with pytest.raises(DataError, match=rf"{path}:2: not valid UTF-8"):
+        load(path, tokenizer)
+
+
+def test_data_module_does_not_import_torch_or_transformers():
+    code = "import sys, distrl.data; print(sorted(m for m in ('torch', 'transformers', 'pyarrow') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ------------------------------------------------------------------------------------------------------- iterator
+def make_prompts(n: int) -> list[Prompt]:
+    return [Prompt(index=i, text=str(i), prompt_ids=[i]) for i in range(n)]
+
+
+def take(it: PromptIterator, batches: int) -> list[list[int]]:
+    return [[p.index for p in next(it)] for _ in range(batches)]
+
+
+def test_iterator_is_deterministic_per_seed():
+    prompts = make_prompts(10)
+    assert take(PromptIterator(prompts, 4, seed=3), 6) == take(PromptIterator(prompts, 4, seed=3), 6)
+    assert take(PromptIterator(prompts, 4, seed=3), 6) != take(PromptIterator(prompts, 4, seed=4), 6)
+
+
+def test_each_epoch_is_a_fresh_permutation():
+    it = PromptIterator(make_prompts(12), 4, seed=0)
+    epochs = [sum(take(it, 3), []) for _ in range(3)]
+    assert all(sorted(e) == list(range(12)) for e in epochs)
+    assert epochs[0] != list(range(12)) and len({tuple(e) for e in epochs}) == 3
+    assert it.epoch == 2
+
+
+def test_batches_straddle_epochs_and_track_the_epoch():
+    it = PromptIterator(make_prompts(5), 3, shuffle=False)
+    assert take(it, 1) == [[0, 1, 2]] and it.epoch == 0
+    assert take(it, 1) == [[3, 4, 0]] and it.epoch == 1  # two from epoch 0, then epoch 1 begins
+    assert take(it, 2) == [[1, 2, 3], [4, 0, 1]] and it.epoch == 2
+    big = PromptIterator(make_prompts(2), 5, shuffle=False)  # a batch larger than the dataset
+    assert take(big, 1) == [[0, 1, 0, 1, 0]] and big.epoch == 2
+
+
+def test_resume_continues_with_the_same_batches():
+    prompts = make_prompts(7)
+    original = PromptIterator(prompts, 3, seed=11)
+    take(original, 4)  # 12 prompts: into the second epoch
+    state = original.state_dict()
+    assert state == {"epoch": 1, "position": 5, "num_prompts": 7}
+    resumed = PromptIterator(prompts, 3, seed=11)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # as a checkpoint would store it
+    assert take(resumed, 6) == take(original, 6)
+    assert resumed.epoch == original.epoch
+
+
+def test_resume_refuses_a_different_dataset():
+    state = PromptIterator(make_prompts(7), 3).state_dict()
+    with pytest.raises(ValueError, match="checkpoint saw 7 prompts, the dataset now has 8"):
+        PromptIterator(make_prompts(8), 3).load_state_dict(state)
+
+
+@pytest.mark.parametrize("prompts, batch_size", [([], 2), (make_prompts(3), 0)])
+def test_iterator_rejects_bad_arguments(prompts, batch_size):
+    with pytest.raises(ValueError):
+        PromptIterator(prompts, batch_size)

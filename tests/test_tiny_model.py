@@ -1,0 +1,96 @@
+"""The tiny model loads through transformers' ordinary paths, its tokenizer is sound, and builds are reproducible."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distrl.workers.tiny_model import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_model_loads_and_gives_vocab_sized_logits(tiny_model_dir, tokenizer):
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert isinstance(model, LlamaForCausalLM)
+    cfg = model.config
+    assert (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (512, 128, 2, 4)
+    assert cfg.tie_word_embeddings is False and cfg.max_position_embeddings == 512
+    assert model.dtype == torch.float32
+    assert len(tokenizer) == cfg.vocab_size
+    ids = tokenizer(["Continue counting: 1 2 3"], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape == (1, ids.shape[1], 512)
+    assert torch.isfinite(logits).all()
+
+
+def test_tokenizer_special_tokens_and_round_trip(tokenizer):
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<|bos|>", "<|eos|>", "<|pad|>")
+    assert len({tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}) == 3
+    text = "Continue counting: 17 18 19\nWhat comes next? 20 — héllo ✓"
+    ids = tokenizer(text)["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id and tokenizer.bos_token_id not in ids[1:]  # BOS prepended once
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_tokenizer_is_trained_on_the_toy_task(tokenizer):
+    # 27 characters; merged tokens like "Continue", " counting", " 17" keep it to a handful.
+    ids = tokenizer("Continue counting: 17 18 19", add_special_tokens=False)["input_ids"]
+    assert len(ids) <= 8
+
+
+def test_chat_template_renders(tokenizer):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Count: 1 2"}]
+    with_prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert with_prompt == ("<|bos|><|system|>\nBe brief.<|eos|>\n<|user|>\nCount: 1 2<|eos|>\n<|assistant|>\n")
+    without = tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=False)
+    assert without == with_prompt.removesuffix("<|assistant|>\n")
+    ids = tokenizer(with_prompt, add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids[:2]) == ["<|bos|>", "<|system|>"]  # role markers are single tokens
+
+
+def test_chat_template_rejects_unknown_roles(tokenizer):
+    from jinja2 import TemplateError
+
+    with pytest.raises(TemplateError, match="unknown chat role: tool"):
+        tokenizer.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+
+
+def test_same_seed_gives_identical_files(tmp_path, tiny_model_dir):
+    again = make_tiny_model(tmp_path / "again")
+    names = sorted(p.name for p in tiny_model_dir.iterdir())
+    assert "model.safetensors" in names and "tokenizer.json" in names
+    assert names == sorted(p.name for p in again.iterdir())
+    for name in names:
+        assert (again / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name
+    other = make_tiny_model(tmp_path / "other", seed=1)
+    assert (other / "model.safetensors").read_bytes() != (tiny_model_dir / "model.safetensors").read_bytes()
+    assert (other / "tokenizer.json").read_bytes() == (tiny_model_dir / "tokenizer.json").read_bytes()
+
+
+def test_custom_size_and_corpus(tmp_path):
+    out = make_tiny_model(tmp_path / "m", vocab_size=300, hidden_size=64, num_layers=1, num_heads=2,
+                          corpus=["aaa bbb ccc"] * 10)
+    from transformers import AutoConfig, AutoTokenizer
+
+    cfg, tok = AutoConfig.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (64, 1, 2)
+    assert cfg.vocab_size == len(tok) <= 300  # a small corpus yields fewer merges; the model matches the tokenizer
+    assert tok.decode(tok("aaa bbb")["input_ids"], skip_special_tokens=True) == "aaa bbb"
+
+
+def test_vocabulary_leaves_the_toy_reward_room_to_grow(tokenizer):
+    # The toy reward is the digit share of a response: if most tokens were numbers, a random model would start
+    # near the reward's ceiling and the quickstart could not show learning.
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    share = sum(any(c in "0123456789" for c in t) for t in tokens) / len(tokens)
+    assert 0.1 < share < 0.4
