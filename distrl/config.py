@@ -385,6 +385,17 @@ class Config(Section):
         ):
             errors.append("cluster.weight_sync 'nccl' needs GPUs on both cluster.learner.num_gpus and "
                           "cluster.rollout.num_gpus")
+        if self.cluster.num_cpus is not None and self.cluster.address is None:
+            roles = [("rollout", self.cluster.rollout), ("learner", self.cluster.learner)]
+            if self.needs_reference:
+                roles.append(("reference", self.cluster.reference))
+            demand = sum(r.num_actors * r.num_cpus for _, r in roles) + self.reward.num_cpus
+            if demand > self.cluster.num_cpus + 1e-9:
+                parts = " + ".join(f"cluster.{n}.num_actors x num_cpus ({r.num_actors} x {r.num_cpus})"
+                                   for n, r in roles)
+                errors.append(f"the embedded cluster has cluster.num_cpus = {self.cluster.num_cpus} but the actors "
+                              f"reserve {parts} and a reward task needs reward.num_cpus ({self.reward.num_cpus}): "
+                              f"{demand:g} in all")
         if errors:
             raise ValueError("\n".join(errors))
         return self

@@ -61,6 +61,7 @@ BAD = [
     (["run.name=has space"], "run.name"),
     (["run.steps=0"], "run.steps"),
     (["model.typo=1"], "model.typo"),
+    (["cluster.num_cpus=2", "cluster.learner.num_cpus=1.5"], "cluster.learner.num_actors x num_cpus"),
     (["loss.kl.cof=0.1"], "loss.kl.cof"),
 ]
 

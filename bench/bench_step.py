@@ -1,0 +1,57 @@
+"""Step-time breakdown of a real run (Ray + vLLM CPU + learner), weight-sync time and bytes/s, and the driver's
+own overhead as a fraction of step time.
+
+    python bench/bench_step.py [--steps 8] [--hidden 128 --layers 2] [--set key=value ...]
+
+Runs the quickstart config (tiny model, optionally bigger via --hidden/--layers) and summarises metrics.jsonl,
+skipping the first step (engine warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from distrl import config
+from distrl.driver import train
+from distrl.workers.tiny_model import make_tiny_model
+
+PHASES = ("generate", "reference", "advantages", "update", "sync", "driver_overhead")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    args = ap.parse_args()
+    out = Path(tempfile.mkdtemp())
+    model_dir = make_tiny_model(out / "model", hidden_size=args.hidden, num_layers=args.layers)
+    cfg = config.load(Path(__file__).parents[1] / "configs" / "quickstart.yaml", [
+        f"model.path={model_dir}", f"run.output_dir={out}", f"run.steps={args.steps}", "run.progress=false",
+        *args.overrides])
+    train(cfg)
+    rows = [json.loads(line) for line in (out / cfg.run.name / "metrics.jsonl").read_text().splitlines()][1:]
+    step = statistics.fmean(r["time/step"] for r in rows)
+    print(f"\nmodel: hidden {args.hidden}, layers {args.layers}; {cfg.cluster.rollout.num_actors} rollout x "
+          f"{cfg.cluster.learner.num_actors} learner; batch {cfg.global_batch_size} sequences; steps 2..{args.steps}")
+    print(f"{'phase':<18}{'seconds':>10}{'share':>9}")
+    for phase in PHASES:
+        t = statistics.fmean(r[f"time/{phase}"] for r in rows)
+        print(f"{phase:<18}{t:>10.3f}{t / step:>9.1%}")
+    print(f"{'step':<18}{step:>10.3f}")
+    print(f"rollout tokens/s (generate phase): {statistics.fmean(r['rollout/tokens_per_s'] for r in rows):.0f}")
+    print(f"throughput tokens/s (whole step):  {statistics.fmean(r['throughput/tokens_per_s'] for r in rows):.0f}")
+    sync_bytes = rows[0]["sync/bytes"]
+    print(f"weight sync: {sync_bytes / 2**20:.2f} MiB in {statistics.fmean(r['time/sync'] for r in rows):.3f} s "
+          f"= {statistics.fmean(r['sync/bytes_per_s'] for r in rows) / 2**20:.1f} MiB/s")
+    print(f"driver overhead: {statistics.fmean(r['time/driver_overhead'] / r['time/step'] for r in rows):.2%} "
+          f"of step time")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""From `Rollouts` + rewards to a padded `TrainBatch` with advantages. Pure torch, no Ray.
+
+Advantages follow the configured estimator on the sequence rewards; with `loss.kl.target: reward` the per-token
+penalty `-coef * KL(rollout || ref)` is added to the token rewards before returns are formed (verl's
+`apply_kl_penalty`, OpenRLHF's `compute_reward`). The sampler's log-probs stand in for the old policy there, as the
+learner only recomputes old log-probs later, inside `update`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from distrl.algo import group_advantages, kl_estimate, token_advantages
+from distrl.config import AlgorithmConfig, KLConfig
+from distrl.types import Rollouts, TrainBatch
+
+
+def to_train_batch(rollouts: Rollouts, pad_id: int) -> TrainBatch:
+    """Left-pad prompts to P, right-pad responses to T; advantages start at zero."""
+    b = len(rollouts)
+    p = max(len(ids) for ids in rollouts.prompt_ids)
+    t = max(1, max(len(ids) for ids in rollouts.response_ids))
+    input_ids = torch.full((b, p + t), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((b, p + t), dtype=torch.long)
+    response_mask = torch.zeros((b, t))
+    rollout_logprobs = torch.zeros((b, t))
+    for i, (prompt, response, lps) in enumerate(zip(rollouts.prompt_ids, rollouts.response_ids,
+                                                    rollouts.rollout_logprobs)):
+        input_ids[i, p - len(prompt) : p] = torch.tensor(prompt)
+        attention_mask[i, p - len(prompt) : p + len(response)] = 1
+        if response:
+            input_ids[i, p : p + len(response)] = torch.tensor(response)
+            response_mask[i, : len(response)] = 1.0
+            rollout_logprobs[i, : len(response)] = torch.tensor(lps)
+    return TrainBatch(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
+                      advantages=torch.zeros((b, t)), rollout_logprobs=rollout_logprobs,
+                      policy_version=rollouts.policy_version).validate()
+
+
+def assign_advantages(batch: TrainBatch, rewards: torch.Tensor, group_size: int, algo: AlgorithmConfig,
+                      kl: KLConfig) -> dict[str, float]:
+    """Fill `batch.advantages` `[B, T]` from sequence rewards `[B]`; returns advantage / KL-penalty metrics."""
+    seq_adv = group_advantages(rewards, group_size, algo.advantage, eps=algo.eps)
+    token_rewards = None
+    metrics: dict[str, float] = {}
+    if kl.target == "reward" and kl.coef > 0:
+        if batch.ref_logprobs is None:
+            raise ValueError("loss.kl.target 'reward' needs reference log-probs on the batch")
+        penalty = kl_estimate(batch.rollout_logprobs, batch.ref_logprobs, kl.estimator) * batch.response_mask
+        token_rewards = -kl.coef * penalty
+        metrics["kl/ref"] = float(penalty.sum() / batch.response_mask.sum().clamp(min=1))
+    batch.advantages = token_advantages(seq_adv, batch.response_mask, token_rewards=token_rewards, gamma=algo.gamma)
+    valid = batch.response_mask.bool()
+    metrics.update({"advantage/mean": float(batch.advantages[valid].mean()) if valid.any() else 0.0,
+                    "advantage/std": float(batch.advantages[valid].std()) if valid.sum() > 1 else 0.0})
+    return metrics

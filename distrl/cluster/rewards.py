@@ -1,0 +1,41 @@
+"""Reward scoring in Ray tasks, so a slow reward function never blocks the driver or the rollout actors."""
+
+from __future__ import annotations
+
+import ray
+from ray.exceptions import RayTaskError
+
+from distrl.config import RewardConfig
+from distrl.workers.rewards import RewardError, score_batch
+
+Item = tuple[str, str, dict]
+"""(prompt text, completion text, dataset row)."""
+
+
+@ray.remote
+def _score(spec: str, items: list[Item], on_error: str) -> tuple[list[float], int]:
+    return score_batch(spec, items, on_error)
+
+
+def submit(cfg: RewardConfig, items: list[Item]) -> list[ray.ObjectRef]:
+    """Start scoring `items` in tasks of `cfg.batch_per_task` samples; returns their refs in order."""
+    task = _score.options(num_cpus=cfg.num_cpus, max_retries=0)
+    return [task.remote(cfg.function, items[i : i + cfg.batch_per_task], cfg.on_error)
+            for i in range(0, len(items), cfg.batch_per_task)]
+
+
+def collect(refs: list[ray.ObjectRef]) -> tuple[list[float], int]:
+    """(rewards in submission order, number of samples whose reward function raised and were scored 0)."""
+    rewards: list[float] = []
+    errors = 0
+    for ref in refs:
+        try:
+            scores, n_errors = ray.get(ref)
+        except RayTaskError as err:
+            # Re-raise the reward function's own error, not Ray's wrapper with a remote traceback around it.
+            if isinstance(err.cause, RewardError):
+                raise RewardError(*err.cause.args) from err.cause.__cause__
+            raise
+        rewards += scores
+        errors += n_errors
+    return rewards, errors

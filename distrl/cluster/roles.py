@@ -1,0 +1,80 @@
+"""Starting the job's actor groups from the config: rollout (vLLM), reference (only when a KL term needs it) and
+learners (data-parallel, joined in one torch.distributed group), plus the weight sync between them.
+
+Resource arithmetic lives here so the driver reads like the algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import ray
+
+from distrl.cluster.group import ActorGroup
+from distrl.cluster.placement import place, release
+from distrl.cluster.weight_sync import WeightSync, make_weight_sync
+from distrl.config import Config, RoleResources
+from distrl.workers.learner import Learner
+from distrl.workers.reference import ReferenceWorker
+from distrl.workers.rollout import ENGINE_ENV, RolloutWorker
+
+
+@dataclass
+class Roles:
+    rollout: ActorGroup[RolloutWorker]
+    learner: ActorGroup[Learner]
+    reference: ActorGroup[ReferenceWorker] | None
+    sync: WeightSync
+    placements: dict
+
+    def shutdown(self) -> None:
+        ray.get(self.learner.map(Learner.close))
+        for group in (self.rollout, self.learner, self.reference):
+            if group is not None:
+                group.kill()
+        release(self.placements)
+
+
+def _env(r: RoleResources, cfg: Config, extra: dict[str, str] | None = None) -> dict[str, str]:
+    # Ray gives fractional-CPU actors one OpenMP thread; name it explicitly so torch and vLLM agree.
+    env = {"OMP_NUM_THREADS": str(max(1, math.ceil(r.num_cpus))), "TOKENIZERS_PARALLELISM": "false"}
+    return {**env, **(extra or {}), **cfg.cluster.actor_env}
+
+
+def total_optimizer_steps(cfg: Config) -> int:
+    return cfg.run.steps * cfg.learner.ppo_epochs * (cfg.global_batch_size // cfg.mini_batch_size)
+
+
+def start_roles(cfg: Config) -> Roles:
+    """Place and start every role, connect the learners' process group, and set up the weight sync."""
+    c = cfg.cluster
+    demands = {"rollout": c.rollout, "learner": c.learner}
+    if cfg.needs_reference:
+        demands["reference"] = c.reference
+    placements = place(demands, colocate=c.colocate)
+    name = cfg.run.name
+    temperature = cfg.rollout.sampling.temperature
+    rollout_seed = cfg.rollout.seed if cfg.rollout.seed is not None else cfg.run.seed * 1000
+    rollout = ActorGroup.create(
+        RolloutWorker, "rollout", c.rollout, placements["rollout"], run_name=name,
+        env=_env(c.rollout, cfg, ENGINE_ENV),
+        # Distinct seeds: engines with the same seed draw identical samples.
+        init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.data.max_prompt_tokens,
+                                                       seed=rollout_seed + i)))
+    learner = ActorGroup.create(
+        Learner, "learner", c.learner, placements["learner"], run_name=name, env=_env(c.learner, cfg),
+        init=lambda i: ((cfg.model, cfg.learner, cfg.loss), dict(
+            temperature=temperature, norm_len=cfg.loss.norm_len or cfg.rollout.sampling.max_new_tokens,
+            mini_batch_size=cfg.mini_batch_size, old_logprobs=cfg.algorithm.old_logprobs,
+            total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed)))
+    reference = None
+    if cfg.needs_reference:
+        reference = ActorGroup.create(
+            ReferenceWorker, "reference", c.reference, placements["reference"], run_name=name,
+            env=_env(c.reference, cfg), init=lambda i: ((cfg.reference, cfg.model), dict(temperature=temperature)))
+    host, port = ray.get(learner.call(0, Learner.endpoint))
+    ray.get([learner.call(i, Learner.connect, host, port, i, len(learner)) for i in range(len(learner))])
+    gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
+    sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes, gpus)
+    return Roles(rollout, learner, reference, sync, placements)

@@ -1,0 +1,83 @@
+"""Learner -> rollout weight sync, tagged with the policy version. Two transports behind one interface:
+
+`ObjectStoreSync` (CPU, or any cluster): learner 0 casts its weights to the rollout dtype bucket by bucket; each
+bucket is put in the Ray object store once and every rollout actor reads the same objects (one call per actor,
+not one per tensor). `NcclSync` (GPU): learner 0 broadcasts the buckets over a dedicated NCCL world.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import ray
+
+from distrl.cluster.group import ActorGroup
+from distrl.workers.learner import Learner
+from distrl.workers.rollout import RolloutWorker
+
+
+@dataclass
+class SyncStats:
+    seconds: float
+    bytes: int
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+
+class WeightSync(ABC):
+    """Pushes learner 0's weights into every rollout engine; `push` returns when all engines serve `version`."""
+
+    def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
+                 bucket_bytes: int):
+        self.learners, self.rollouts = learners, rollouts
+        self.dtype, self.bucket_bytes = dtype, bucket_bytes
+        self.specs = ray.get(learners.call(0, Learner.weight_specs, bucket_bytes, dtype))
+        self.total_bytes = ray.get(learners.call(0, Learner.weight_bytes, dtype))
+
+    def push(self, version: int) -> SyncStats:
+        start = time.perf_counter()
+        versions = ray.get(self._transfer(version))
+        if set(versions) != {version}:
+            raise RuntimeError(f"weight sync: rollout actors report versions {versions}, expected {version}")
+        return SyncStats(time.perf_counter() - start, self.total_bytes)
+
+    @abstractmethod
+    def _transfer(self, version: int) -> list[ray.ObjectRef]:
+        """Start the transfer; returns one ref per rollout actor resolving to the version it now serves."""
+
+
+class ObjectStoreSync(WeightSync):
+    def _transfer(self, version: int) -> list[ray.ObjectRef]:
+        # Top-level ObjectRef arguments are resolved by Ray before the call: each bucket object is created once by
+        # learner 0 and read from shared memory by every rollout actor on the node.
+        buckets = [self.learners.call(0, Learner.weight_bucket, i, self.bucket_bytes, self.dtype)
+                   for i in range(len(self.specs))]
+        return self.rollouts.map(RolloutWorker.load_weights, version, *buckets)
+
+
+class NcclSync(WeightSync):
+    def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
+                 bucket_bytes: int):
+        super().__init__(learners, rollouts, dtype, bucket_bytes)
+        host, port = ray.get(learners.call(0, Learner.endpoint))
+        world = len(rollouts) + 1
+        ray.get([learners.call(0, Learner.nccl_connect, host, port, world),
+                 *[rollouts.call(i, RolloutWorker.nccl_connect, host, port, i + 1, world)
+                   for i in range(len(rollouts))]])
+
+    def _transfer(self, version: int) -> list[ray.ObjectRef]:
+        sent = self.learners.call(0, Learner.nccl_send, self.bucket_bytes, self.dtype)
+        received = self.rollouts.map(RolloutWorker.nccl_receive, version, self.specs, self.dtype)
+        ray.get(sent)
+        return received
+
+
+def make_weight_sync(kind: str, learners, rollouts, dtype: str, bucket_bytes: int, gpus: bool) -> WeightSync:
+    """`kind` is cluster.weight_sync: auto picks NCCL when both roles have GPUs."""
+    if kind == "nccl" or (kind == "auto" and gpus):
+        return NcclSync(learners, rollouts, dtype, bucket_bytes)
+    return ObjectStoreSync(learners, rollouts, dtype, bucket_bytes)

@@ -1,0 +1,90 @@
+"""`train(cfg)`: the RL loop. Build the roles, push weights once, then each step:
+prompts -> generate (+ score) -> reference log-probs -> advantages -> update -> sync -> log -> maybe checkpoint.
+"""
+
+from __future__ import annotations
+
+import statistics
+from contextlib import ExitStack, closing
+
+import ray
+import torch
+
+from distrl import checkpoint
+from distrl.batching import assign_advantages, to_train_batch
+from distrl.cluster import runtime
+from distrl.cluster.generation import generate_and_score
+from distrl.cluster.roles import Roles, start_roles
+from distrl.config import Config
+from distrl.data import PromptIterator, load_prompts
+from distrl.metrics import PhaseTimer
+from distrl.run_dir import RunDir
+from distrl.types import TrainBatch
+from distrl.workers.learner import Learner
+from distrl.workers.model import load_tokenizer
+from distrl.workers.reference import ReferenceWorker
+from distrl.workers.rewards import resolve_reward
+
+
+def train(cfg: Config) -> list[dict]:
+    """Run `cfg.run.steps` steps; returns every step's metrics (also in RUN_DIR/metrics.jsonl)."""
+    resolve_reward(cfg.reward.function)  # a bad reward spec fails before any actor starts
+    with ExitStack() as cleanup:
+        run = cleanup.enter_context(closing(RunDir(cfg)))
+        ray_session = cleanup.enter_context(closing(runtime.Connection(cfg.cluster)))
+        print(ray_session.description)
+        tokenizer = load_tokenizer(cfg.model)
+        prompts, data_stats = load_prompts(cfg.data, tokenizer)
+        batches = PromptIterator(prompts, cfg.rollout.prompts_per_step, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
+        roles = start_roles(cfg)
+        cleanup.callback(roles.shutdown)
+        timer, history = PhaseTimer(), []
+        first = resume(cfg, run, roles, batches)
+        roles.sync.push(version=first - 1)
+        for step in run.progress(range(first, cfg.run.steps + 1)):
+            with timer("generate"):
+                rollouts, rewards, reward_errors = generate_and_score(roles.rollout, next(batches), cfg.reward)
+                batch = to_train_batch(rollouts, tokenizer.pad_token_id)
+            with timer("reference"):
+                batch.ref_logprobs = reference_logprobs(roles, batch)
+            with timer("advantages"):
+                adv_metrics = assign_advantages(batch, torch.tensor(rewards), cfg.rollout.n_samples_per_prompt,
+                                                cfg.algorithm, cfg.loss.kl)
+            with timer("update"):
+                update_metrics = update(roles, batch)
+            with timer("sync"):
+                sync = roles.sync.push(version=step)
+            metrics = run.step_metrics(step, rollouts, rewards, reward_errors, adv_metrics, update_metrics, sync,
+                                       timer.pop(), data_stats)
+            history.append(metrics)
+            run.log(step, metrics)
+            if run.checkpoint_due(step):
+                checkpoint.save(run.path, step, roles.learner, {"data": batches.state_dict()})
+    run.summary(history)  # after the actors are gone, so their last log lines do not trail it
+    return history
+
+
+def reference_logprobs(roles: Roles, batch: TrainBatch) -> torch.Tensor | None:
+    """`[B, T]` reference log-probs, sharded evenly over the reference actors; None when no KL term needs them."""
+    if roles.reference is None:
+        return None
+    shards = batch.split(min(len(roles.reference), batch.batch_size))
+    refs = [roles.reference.call(i, ReferenceWorker.logprobs, shard) for i, shard in enumerate(shards)]
+    return torch.cat(ray.get(refs))
+
+
+def update(roles: Roles, batch: TrainBatch) -> dict[str, float]:
+    """One update on every learner (an equal shard each); metrics averaged over learners."""
+    results = ray.get(roles.learner.map_shards(Learner.update, batch.split(len(roles.learner))))
+    return {key: statistics.fmean(r[key] for r in results) for key in results[0]}
+
+
+def resume(cfg: Config, run: RunDir, roles: Roles, batches: PromptIterator) -> int:
+    """First step to run: 1, or the step after the newest checkpoint when `run.resume` is set."""
+    found = checkpoint.latest(run.path) if cfg.run.resume else None
+    if found is None:
+        return 1
+    state = checkpoint.restore(found, roles.learner)
+    batches.load_state_dict(state["data"])
+    print(f"resumed from {found} (step {state['step']})")
+    return state["step"] + 1

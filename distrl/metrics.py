@@ -1,0 +1,108 @@
+"""Metric sinks (JSONL, TensorBoard, Ray metrics) and the phase timer.
+
+Every step's figures go to every sink: `RUN_DIR/metrics.jsonl` (one JSON object per step), TensorBoard event files
+in `RUN_DIR/tensorboard`, and Ray gauges (`distrl_<key>` with `/` as `_`, tagged with the run name) that the Ray
+dashboard's metrics view and Prometheus scrape. Values that were not measured this step are written as null to
+JSONL and skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class Sink(ABC):
+    @abstractmethod
+    def write(self, step: int, metrics: dict[str, float | None]) -> None: ...
+
+    def close(self) -> None:
+        """Flush and release files."""
+
+
+class JsonlSink(Sink):
+    def __init__(self, path: Path):
+        self.path = path
+        self.file = path.open("a", buffering=1)
+
+    def write(self, step: int, metrics: dict[str, float | None]) -> None:
+        clean = {k: (v if v is None or math.isfinite(v) else None) for k, v in metrics.items()}
+        self.file.write(json.dumps({"step": step, **clean}) + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorBoardSink(Sink):
+    def __init__(self, directory: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(directory))
+
+    def write(self, step: int, metrics: dict[str, float | None]) -> None:
+        for key, value in metrics.items():
+            if value is not None:
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class RayMetricsSink(Sink):
+    """One `ray.util.metrics.Gauge` per key, created on first sight."""
+
+    def __init__(self, run_name: str):
+        self.tags = {"run": run_name}
+        self.gauges: dict[str, object] = {}
+
+    def write(self, step: int, metrics: dict[str, float | None]) -> None:
+        from ray.util.metrics import Gauge
+
+        for key, value in {"step": float(step), **metrics}.items():
+            if value is None or not math.isfinite(value):
+                continue
+            if key not in self.gauges:
+                name = "distrl_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+                self.gauges[key] = Gauge(name, description=f"distrl {key}", tag_keys=("run",))
+            self.gauges[key].set(value, tags=self.tags)
+
+
+class MetricsLogger:
+    """Fans one step's metrics out to every sink."""
+
+    def __init__(self, sinks: list[Sink]):
+        self.sinks = sinks
+
+    def log(self, step: int, metrics: dict[str, float | None]) -> None:
+        for sink in self.sinks:
+            sink.write(step, metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+class PhaseTimer:
+    """`with timer("generate"): ...` records `time/generate` in seconds; `pop()` returns and clears them."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[f"time/{phase}"] = self.times.get(f"time/{phase}", 0.0) + time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        times, self.times = self.times, {}
+        return times

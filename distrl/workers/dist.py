@@ -1,0 +1,56 @@
+"""torch.distributed helpers for data-parallel learners: the process group, summed gradients, global counts.
+
+Gradients are SUMMED across learners, not averaged: every learner divides its partial loss by the *global*
+token/sequence count (`distrl.algo` normalizers), so the sum over learners and micro-batches is exactly the
+full-batch loss and its gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def init_process_group(master_addr: str, master_port: int, rank: int, world_size: int) -> str:
+    """Join the learners' group (gloo on CPU, NCCL on GPU); returns the backend."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                            world_size=world_size)
+    return backend
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def all_reduce_(tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+    """In-place all-reduce; a no-op with one learner."""
+    if world_size() > 1:
+        dist.all_reduce(tensor, op=op)
+    return tensor
+
+
+def all_reduce_grads_(params: list[torch.nn.Parameter], bucket_bytes: int = 32 * 2**20) -> None:
+    """Sum `.grad` of `params` across learners, a bucket of flattened gradients per collective."""
+    if world_size() == 1:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for g in grads + [None]:
+        if g is not None:
+            bucket.append(g)
+            size += g.numel() * g.element_size()
+        if bucket and (g is None or size >= bucket_bytes):
+            flat = torch.cat([b.reshape(-1) for b in bucket])
+            dist.all_reduce(flat)
+            offset = 0
+            for b in bucket:
+                b.copy_(flat[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+            bucket, size = [], 0
+
+
+def destroy() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

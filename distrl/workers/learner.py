@@ -1,0 +1,214 @@
+"""Learner: an HF model + AdamW that takes PPO/GSPO steps with `distrl.algo.compute_loss`. Plain class, no Ray.
+
+One `update(batch)` call runs `ppo_epochs` passes over this learner's shard of the step batch, one optimizer step
+per mini-batch, micro-batches accumulated in between. Normalisation is global: every micro-batch divides by the
+token and sequence counts of the whole mini-batch *across all learners*, and gradients are summed across learners,
+so M learners x k micro-batches produce exactly the gradient of one full-batch loss.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from distrl.algo import LossInputs, compute_loss
+from distrl.config import LearnerConfig, LossConfig, ModelConfig
+from distrl.types import TrainBatch
+from distrl.workers import dist, nccl
+from distrl.workers.model import DTYPES, load_causal_lm, response_logprobs, score_in_micro_batches
+from distrl.workers.optim import build_optimizer
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive optimizer steps had a non-finite loss or gradient norm."""
+
+
+class Learner:
+    """Trains the policy. With M learners, each holds a full replica and receives 1/M of every mini-batch."""
+
+    def __init__(self, model: ModelConfig, cfg: LearnerConfig, loss: LossConfig, *, temperature: float,
+                 norm_len: int, mini_batch_size: int, old_logprobs: str, total_optimizer_steps: int, seed: int):
+        torch.manual_seed(seed)
+        self.cfg, self.loss_cfg = cfg, loss
+        self.temperature, self.norm_len, self.old_logprobs = temperature, norm_len, old_logprobs
+        self.global_mini_batch_size = mini_batch_size
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = load_causal_lm(model, cfg.dtype, device=self.device)
+        if cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+            self.model.config.use_cache = False
+        self.model.train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg, total_optimizer_steps)
+        self.optimizer_steps = 0
+        self.skipped_steps = 0
+        self._consecutive_nonfinite = 0
+
+    # ------------------------------------------------------------------------------------------ data parallelism
+    def connect(self, master_addr: str, master_port: int, rank: int, world_size: int) -> str:
+        """Join the learners' process group; returns the backend (gloo on CPU, NCCL on GPU)."""
+        return dist.init_process_group(master_addr, master_port, rank, world_size)
+
+    # ------------------------------------------------------------------------------------------------- scoring
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Current-policy log-probs of the response tokens, no gradient: `[B, T]` float32 on CPU."""
+        self.model.eval()
+        try:
+            return score_in_micro_batches(self.model, batch.to(self.device), self.temperature,
+                                          self.cfg.micro_batch_size)
+        finally:
+            self.model.train()
+
+    # ------------------------------------------------------------------------------------------------ training
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        """PPO epochs over this learner's shard; returns metrics averaged over micro-batches (loss terms summed
+        over a mini-batch's micro-batches and learners, then averaged over mini-batches)."""
+        batch = batch.to(self.device)
+        if self.old_logprobs == "recompute":
+            batch.old_logprobs = self.logprobs(batch).to(self.device)
+        else:
+            batch.old_logprobs = batch.rollout_logprobs
+        local_mini = self.global_mini_batch_size // dist.world_size()
+        sums: dict[str, list[float]] = defaultdict(list)
+        for _ in range(self.cfg.ppo_epochs):
+            for mini in batch.chunks(local_mini):
+                for key, value in self._optimizer_step(mini).items():
+                    sums[key].append(value)
+        metrics = {key: sum(values) / len(values) for key, values in sums.items()}
+        metrics.update({"learner/lr": self.scheduler.get_last_lr()[0], "learner/skipped_steps": self.skipped_steps,
+                        "learner/optimizer_steps": self.optimizer_steps})
+        return metrics
+
+    def _optimizer_step(self, mini: TrainBatch) -> dict[str, float]:
+        mask = mini.response_mask
+        # Global normalisers: counts over this mini-batch on every learner.
+        counts = dist.all_reduce_(torch.stack([mask.sum(), (mask.sum(-1) > 0).sum().to(mask.dtype)]).double())
+        num_tokens, num_seqs = counts.tolist()
+        per_micro: dict[str, list[float]] = defaultdict(list)
+        loss_sums: dict[str, float] = defaultdict(float)
+        nonfinite_loss = 0.0
+        for micro in mini.chunks(self.cfg.micro_batch_size):
+            logprobs, entropy = response_logprobs(self.model, micro, self.temperature,
+                                                  with_entropy=self.loss_cfg.entropy_coef > 0)
+            out = compute_loss(
+                LossInputs(logprobs=logprobs, old_logprobs=micro.old_logprobs, advantages=micro.advantages,
+                           mask=micro.response_mask, rollout_logprobs=micro.rollout_logprobs,
+                           ref_logprobs=micro.ref_logprobs, entropy=entropy, num_tokens=num_tokens,
+                           num_seqs=num_seqs, norm_len=self.norm_len),
+                self.loss_cfg,
+            )
+            if not torch.isfinite(out.loss):
+                nonfinite_loss = 1.0
+            out.loss.backward()
+            for key, value in out.metrics.items():
+                # Loss terms are partial sums over the global count: they add up; ratios and fractions average.
+                if key.startswith("loss/"):
+                    loss_sums[key] += value
+                else:
+                    per_micro[key].append(value)
+        dist.all_reduce_grads_(self.params)
+        flags = dist.all_reduce_(torch.tensor([nonfinite_loss, *loss_sums.values()], dtype=torch.float64))
+        max_norm = self.cfg.max_grad_norm or math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        skipped = flags[0].item() > 0 or not math.isfinite(grad_norm)
+        if skipped:
+            self._skip(grad_norm)
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer_steps += 1
+            self._consecutive_nonfinite = 0
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = {key: sum(v) / len(v) for key, v in per_micro.items()}
+        metrics.update(dict(zip(loss_sums, flags[1:].tolist())))
+        metrics["learner/grad_norm"] = grad_norm
+        return metrics
+
+    def _skip(self, grad_norm: float) -> None:
+        self.skipped_steps += 1
+        self._consecutive_nonfinite += 1
+        if self._consecutive_nonfinite >= self.cfg.max_consecutive_nonfinite:
+            raise NonFiniteError(
+                f"{self._consecutive_nonfinite} consecutive optimizer steps had a non-finite loss or gradient norm "
+                f"(last grad norm {grad_norm}); stopping (learner.max_consecutive_nonfinite="
+                f"{self.cfg.max_consecutive_nonfinite}). Lower learner.lr or check the rewards/advantages."
+            )
+
+    # ------------------------------------------------------------------------------------------- weight export
+    def weight_specs(self, bucket_bytes: int, dtype: str) -> list[nccl.Spec]:
+        """Bucket layout of the exported weights: buckets of about `bucket_bytes` in `dtype`, (name, shape) each."""
+        item = torch.empty((), dtype=DTYPES[dtype]).element_size()
+        specs: list[nccl.Spec] = [[]]
+        size = 0
+        for name, tensor in self.model.state_dict().items():
+            if specs[-1] and size + tensor.numel() * item > bucket_bytes:
+                specs.append([])
+                size = 0
+            specs[-1].append((name, tuple(tensor.shape)))
+            size += tensor.numel() * item
+        return specs
+
+    def weight_bytes(self, dtype: str) -> int:
+        item = torch.empty((), dtype=DTYPES[dtype]).element_size()
+        return sum(t.numel() * item for t in self.model.state_dict().values())
+
+    def weight_bucket(self, index: int, bucket_bytes: int, dtype: str) -> dict[str, torch.Tensor]:
+        """Bucket `index` of the HF-named weights, cast to the rollout dtype, on CPU."""
+        state = self.model.state_dict()
+        with torch.no_grad():
+            return {name: state[name].detach().to("cpu", DTYPES[dtype]).contiguous()
+                    for name, _ in self.weight_specs(bucket_bytes, dtype)[index]}
+
+    def endpoint(self) -> tuple[str, int]:
+        """This node's IP and a free port: the rendezvous of the learners' group and of the NCCL weight world."""
+        import socket
+
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return host, s.getsockname()[1]
+
+    def nccl_connect(self, host: str, port: int, world_size: int) -> None:
+        self._nccl = nccl.make_communicator(host, port, 0, world_size)
+
+    def nccl_send(self, bucket_bytes: int, dtype: str) -> None:
+        state = self.model.state_dict()
+        with torch.no_grad():
+            for spec in self.weight_specs(bucket_bytes, dtype):
+                nccl.send_bucket(self._nccl, {name: state[name].to(DTYPES[dtype]) for name, _ in spec})
+
+    # ---------------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, directory: str) -> None:
+        """Model (HF format) plus optimizer and scheduler state."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path / "model")
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps},
+                   path / "learner_state.pt")
+
+    def load_checkpoint(self, directory: str) -> None:
+        from safetensors.torch import load_file
+
+        path = Path(directory)
+        state = {}
+        for shard in sorted((path / "model").glob("*.safetensors")):
+            state.update(load_file(shard))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        # save_pretrained leaves out tied weights (e.g. lm_head tied to the embeddings); anything else is an error.
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or [])
+        if unexpected or set(missing) - tied:
+            raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)}, "
+                               f"unexpected {sorted(unexpected)}")
+        extra = torch.load(path / "learner_state.pt", map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(extra["optimizer"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self.optimizer_steps, self.skipped_steps = extra["optimizer_steps"], extra["skipped_steps"]
+
+    def close(self) -> None:
+        dist.destroy()

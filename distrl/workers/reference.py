@@ -1,0 +1,23 @@
+"""Reference worker: a frozen copy of the initial policy that scores batches for the KL term. Plain class, no Ray."""
+
+from __future__ import annotations
+
+import torch
+
+from distrl.config import ModelConfig, ReferenceConfig
+from distrl.types import TrainBatch
+from distrl.workers.model import load_causal_lm, score_in_micro_batches
+
+
+class ReferenceWorker:
+    """`logprobs(batch) -> [B, T]`: reference log-probs of the response tokens, temperature-scaled like the learner's."""
+
+    def __init__(self, cfg: ReferenceConfig, model: ModelConfig, temperature: float):
+        self.cfg = cfg
+        self.temperature = temperature
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = load_causal_lm(model, cfg.dtype, path=cfg.path, device=device).requires_grad_(False)
+        self.device = device
+
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        return score_in_micro_batches(self.model, batch.to(self.device), self.temperature, self.cfg.micro_batch_size)

@@ -1,0 +1,118 @@
+"""Rollout worker: one `vllm.LLM` engine that samples responses and reports the log-probs the sampler used.
+
+Plain class, no Ray. The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), which is what
+lets `load_weights` hand tensors straight to `reload_weights` without a restart or a disk round trip.
+
+Log-probs are vLLM's *processed* log-probs (`logprobs_mode="processed_logprobs"`): those of the distribution
+actually sampled from, after temperature (and top-k/top-p, when set). The learner divides its logits by the same
+temperature; what remains of the difference (dtype, kernels, truncation) is the mismatch `loss.correction` corrects.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from distrl.config import ModelConfig, RolloutConfig
+from distrl.types import Prompt, Rollouts
+from distrl.workers.model import resolve_model_path
+
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+"""Environment of every rollout process, needed before vLLM is imported (set by the cluster layer, and here).
+vLLM logs each weight reload at INFO; `cluster.actor_env` can set VLLM_LOGGING_LEVEL=INFO back."""
+
+
+class RolloutWorker:
+    """Generates `n` responses per prompt; `load_weights` swaps the weights in place and bumps `policy_version`."""
+
+    def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int):
+        for key, value in ENGINE_ENV.items():
+            os.environ.setdefault(key, value)
+        from vllm import LLM
+
+        self.cfg = cfg
+        self.policy_version = 0
+        on_gpu = torch.cuda.is_available()
+        engine_args = dict(
+            model=resolve_model_path(model),
+            tokenizer=model.tokenizer,
+            trust_remote_code=model.trust_remote_code,
+            dtype=cfg.dtype,
+            seed=seed,
+            max_model_len=cfg.max_model_len or max_prompt_tokens + cfg.sampling.max_new_tokens,
+            enforce_eager=cfg.enforce_eager,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,
+        )
+        if on_gpu:
+            engine_args["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        else:
+            engine_args.update(kv_cache_memory_bytes=cfg.kv_cache_bytes, distributed_executor_backend="uni")
+        self.llm = LLM(**engine_args)
+
+    def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
+        """Sample `n_samples_per_prompt` responses for each prompt; `groups[i]` is prompt i's group id.
+
+        Returns samples prompt-major: the G responses of prompts[0], then of prompts[1], ...
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        s = self.cfg.sampling
+        params = SamplingParams(n=self.cfg.n_samples_per_prompt, temperature=s.temperature, top_p=s.top_p,
+                                top_k=s.top_k, max_tokens=s.max_new_tokens, stop=s.stop or None, logprobs=0)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p.prompt_ids) for p in prompts], params,
+                                    use_tqdm=False)
+        out = Rollouts([], [], [], [], [], [], policy_version=self.policy_version)
+        for prompt, group, request in zip(prompts, groups, outputs):
+            for completion in request.outputs:
+                ids = list(completion.token_ids)
+                out.prompt_ids.append(list(prompt.prompt_ids))
+                out.response_ids.append(ids)
+                # With logprobs=0 each position holds exactly the sampled token's entry.
+                out.rollout_logprobs.append([step[tok].logprob for tok, step in zip(ids, completion.logprobs)])
+                out.response_texts.append(completion.text)
+                out.finish_reasons.append(completion.finish_reason or "length")
+                out.group.append(group)
+        return out.validate()
+
+    def version(self) -> int:
+        """The policy version this engine serves."""
+        return self.policy_version
+
+    def load_weights(self, version: int, *buckets: dict[str, torch.Tensor]) -> int:
+        """Replace the engine's weights in place with HF-named tensors; returns the new policy version."""
+        weights = [item for bucket in buckets for item in bucket.items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.policy_version = version
+        return version
+
+    def nccl_connect(self, host: str, port: int, rank: int, world_size: int) -> None:
+        from distrl.workers import nccl
+
+        self._nccl = nccl.make_communicator(host, port, rank, world_size)
+
+    def nccl_receive(self, version: int, specs: list, dtype: str) -> int:
+        """Receive every bucket learner 0 broadcasts (see `distrl.workers.nccl`), then load them in place."""
+        from distrl.workers import nccl
+        from distrl.workers.model import DTYPES
+
+        return self.load_weights(version, *[nccl.receive_bucket(self._nccl, spec, DTYPES[dtype]) for spec in specs])
+
+    def score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
+        """Log-probs the engine assigns to the tokens after position `prompt_len` of each sequence (no sampling).
+
+        Used to check that the engine serves exactly the learner's weights after a sync. Raw log-probs:
+        vLLM applies no temperature to prompt log-probs.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
+                                    use_tqdm=False)
+        return [[step[tok].logprob for tok, step in zip(seq[prompt_len:], out.prompt_logprobs[prompt_len:])]
+                for seq, out in zip(sequences, outputs)]
