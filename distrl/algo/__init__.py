@@ -1,0 +1,37 @@
+"""Pure-tensor RL math: masked aggregation, log-probs, advantages, rollout correction, KL, policy and value losses.
+
+Imports torch and `distrl.config` section classes only: no I/O, no logging, no Ray, no vLLM, never the root config.
+`compute_loss` is the one composition point; everything else is a small function it (or the driver) calls.
+"""
+
+from distrl.algo.advantages import gae, group_advantages, token_advantages
+from distrl.algo.correction import mismatch_metrics, rollout_correction, weight_metrics
+from distrl.algo.kl import kl_estimate
+from distrl.algo.logprobs import entropy_from_logits, token_logprobs
+from distrl.algo.loss import LossInputs, LossOutput, compute_loss
+from distrl.algo.masked import aggregate, masked_mean, masked_sum
+from distrl.algo.policy import clipped_surrogate, gspo_log_ratio, policy_term, ppo_log_ratio
+from distrl.algo.value import value_loss
+
+__all__ = [
+    "LossInputs",
+    "LossOutput",
+    "aggregate",
+    "clipped_surrogate",
+    "compute_loss",
+    "entropy_from_logits",
+    "gae",
+    "group_advantages",
+    "gspo_log_ratio",
+    "kl_estimate",
+    "masked_mean",
+    "masked_sum",
+    "mismatch_metrics",
+    "policy_term",
+    "ppo_log_ratio",
+    "rollout_correction",
+    "token_advantages",
+    "token_logprobs",
+    "value_loss",
+    "weight_metrics",
+]

@@ -1,0 +1,91 @@
+"""The per-token policy-gradient term of PPO and GSPO, before importance weights and aggregation.
+
+Both share one clipped surrogate and differ only in the ratio: PPO's per-token ratio pi / pi_old, or GSPO's
+length-normalised sequence ratio, written token-wise so that the gradient still flows token by token.
+Inputs are expected to be zero on padding already (`compute_loss` does that), so no NaN can come from there.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from distrl.algo.masked import masked_mean
+
+# exp(20) ~ 5e8: large enough never to bind on a sane update, small enough to keep exp finite in float32.
+LOG_RATIO_CLAMP = 20.0
+
+
+def exp_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    """exp(clamp(log_ratio, -20, 20)): a probability ratio that stays finite (as verl and OpenRLHF clamp it)."""
+    return torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def ppo_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
+    """log r_t = log pi(o_t) - log pi_old(o_t), `[B, T]` (PPO, Schulman et al. 2017, arXiv 1707.06347)."""
+    return logprobs - old_logprobs
+
+
+def gspo_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token form of GSPO's ratio, `[B, T]` (Zheng et al. 2025, arXiv 2507.18071).
+
+    log s_i = (1/|o_i|) sum_t (log pi - log pi_old)                     (length-normalised sequence ratio)
+    log s_it = sg(log s_i) + log pi_t - sg(log pi_t)
+    The value of s_it is s_i on every token; its gradient w.r.t. log pi_t is s_i, so with one advantage per sequence
+    and seq_mean_token_mean aggregation the gradient equals that of the sequence-level objective.
+    """
+    log_seq = masked_mean(logprobs - old_logprobs, mask, dim=-1).unsqueeze(-1)  # [B, 1]
+    return log_seq.detach() + logprobs - logprobs.detach()
+
+
+def clipped_surrogate(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's clipped loss per token, `[B, T]`, with the masks of where clipping is active.
+
+    r = exp(clamp(log_ratio, -20, 20))
+    pg = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))                      (PPO, arXiv 1707.06347 eq. 7)
+    for A < 0 with dual clip c:  pg = min(pg, -c A)                              (Ye et al. 2020, arXiv 1912.09729)
+    Asymmetric bounds are DAPO's clip-higher (arXiv 2503.14476).
+    Returns (pg, clipped, dual_clipped): `clipped` marks tokens where the clipped branch is the max (its gradient
+    is 0), `dual_clipped` tokens where the dual-clip cap binds (gradient 0 too).
+    """
+    ratio = exp_ratio(log_ratio)
+    unclipped = -advantages * ratio
+    clipped_loss = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    pg = torch.maximum(unclipped, clipped_loss)
+    clipped = clipped_loss > unclipped
+    dual_clipped = torch.zeros_like(clipped)
+    if dual_clip is not None:
+        cap = -dual_clip * advantages
+        dual_clipped = (advantages < 0) & (pg > cap)
+        # Only negative advantages are capped: for A >= 0, -c A <= 0 would wrongly floor the loss.
+        pg = torch.where(dual_clipped, cap, pg)
+    return pg, clipped, dual_clipped
+
+
+def policy_term(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    policy: Literal["ppo", "gspo"],
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token policy loss `pg` `[B, T]` of PPO or GSPO (clipped alike), plus the `clipped` / `dual_clipped`
+    masks `[B, T]` for metrics. All inputs `[B, T]`; only `logprobs` carries gradient."""
+    old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
+    if policy == "ppo":
+        log_ratio = ppo_log_ratio(logprobs, old_logprobs)
+    elif policy == "gspo":
+        log_ratio = gspo_log_ratio(logprobs, old_logprobs, mask)
+    else:
+        raise ValueError(f"unknown policy loss {policy!r}; expected 'ppo' or 'gspo'")
+    return clipped_surrogate(log_ratio, advantages, clip_low, clip_high, dual_clip)
