@@ -19,8 +19,9 @@ def _bundle(r: RoleResources) -> dict[str, float]:
     return bundle
 
 
-def place(roles: dict[str, RoleResources], colocate: bool) -> dict[str, Placement]:
-    """One placement group per role (PACK), or a single group for all roles when `colocate`.
+def place(roles: dict[str, RoleResources], colocate: bool, run_name: str) -> dict[str, Placement]:
+    """One placement group per role (PACK), or a single group for all roles when `colocate`; named
+    `distrl/<run>/<role>` like the actors, so two runs can share a cluster.
 
     Raises RuntimeError naming each role's demand and the cluster's resources if the groups cannot be placed.
     """
@@ -30,11 +31,11 @@ def place(roles: dict[str, RoleResources], colocate: bool) -> dict[str, Placemen
             bundles += [_bundle(r)] * r.num_actors
             indices[role] = list(range(start, start + r.num_actors))
             start += r.num_actors
-        shared = placement_group(bundles, strategy="PACK", name="distrl/colocated")
+        shared = placement_group(bundles, strategy="PACK", name=f"distrl/{run_name}/colocated")
         _wait([shared], roles)
         return {role: Placement(shared, indices[role]) for role in roles}
     placements = {role: Placement(placement_group([_bundle(r)] * r.num_actors, strategy="PACK",
-                                                  name=f"distrl/{role}"), list(range(r.num_actors)))
+                                                  name=f"distrl/{run_name}/{role}"), list(range(r.num_actors)))
                   for role, r in roles.items()}
     _wait([p.group for p in placements.values()], roles)
     return placements

@@ -25,17 +25,24 @@ def submit(cfg: RewardConfig, items: list[Item]) -> list[ray.ObjectRef]:
 
 
 def collect(refs: list[ray.ObjectRef]) -> tuple[list[float], int]:
-    """(rewards in submission order, number of samples whose reward function raised and were scored 0)."""
+    """(rewards in submission order, number of samples whose reward function raised and were scored 0).
+
+    Every task is awaited before an error is raised, so no failed task is left unretrieved (Ray would log each
+    one again as an unhandled error)."""
     rewards: list[float] = []
     errors = 0
+    first_error: RewardError | None = None
     for ref in refs:
         try:
             scores, n_errors = ray.get(ref)
         except RayTaskError as err:
-            # Re-raise the reward function's own error, not Ray's wrapper with a remote traceback around it.
-            if isinstance(err.cause, RewardError):
-                raise RewardError(*err.cause.args) from err.cause.__cause__
-            raise
+            if not isinstance(err.cause, RewardError):
+                raise
+            # The reward function's own error, not Ray's wrapper with a remote traceback around it.
+            first_error = first_error or err.cause
+            continue
         rewards += scores
         errors += n_errors
+    if first_error is not None:
+        raise RewardError(*first_error.args) from first_error.__cause__
     return rewards, errors

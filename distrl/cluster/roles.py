@@ -52,7 +52,7 @@ def start_roles(cfg: Config) -> Roles:
     demands = {"rollout": c.rollout, "learner": c.learner}
     if cfg.needs_reference:
         demands["reference"] = c.reference
-    placements = place(demands, colocate=c.colocate)
+    placements = place(demands, colocate=c.colocate, run_name=cfg.run.name)
     name = cfg.run.name
     temperature = cfg.rollout.sampling.temperature
     rollout_seed = cfg.rollout.seed if cfg.rollout.seed is not None else cfg.run.seed * 1000

@@ -29,11 +29,11 @@ def weights(roles, i: int) -> dict[str, torch.Tensor]:
     return ray.get(roles.learner.call(i, Learner.weight_bucket, 0, ALL, "float32"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def two_by_two(ray_session, tmp_path_factory):
     """2 rollout actors x 2 learners, fp32 everywhere (no dtype mismatch), weights pushed as version 0."""
     tmp = tmp_path_factory.mktemp("two_by_two")
-    cfg = quickstart(tmp, "rollout.dtype=float32", "cluster.rollout.num_actors=2", "cluster.learner.num_actors=2",
+    cfg = quickstart(tmp, "run.name=two-by-two", "rollout.dtype=float32", "cluster.rollout.num_actors=2", "cluster.learner.num_actors=2",
                      "cluster.learner.num_cpus=0.25", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "learner.micro_batch_size=4",
                      "learner.lr=1e-4", "learner.warmup_steps=0")
     roles = start_roles(cfg)
@@ -54,59 +54,62 @@ def one_step_batch(cfg, roles):
     return rollouts, batch
 
 
-def test_two_learners_stay_identical_and_match_one_learner(two_by_two):
-    cfg, roles = two_by_two
-    rollouts, batch = one_step_batch(cfg, roles)
-    before = weights(roles, 0)
-    metrics = update(roles, batch)
-    after0, after1 = weights(roles, 0), weights(roles, 1)
-    assert all(torch.equal(after0[k], after1[k]) for k in after0), "data-parallel replicas diverged"
-    assert any(not torch.equal(before[k], after0[k]) for k in before), "the update changed nothing"
-    assert metrics["learner/optimizer_steps"] == 1
+class TestTwoRolloutActorsTwoLearners:
+    """One 2 x 2 deployment shared by these tests; torn down before the full-run tests need the CPUs."""
 
-    # The same global batch on one in-process learner (local mode, plain class) gives the same weights.
-    single = Learner(cfg.model, cfg.learner, cfg.loss, temperature=cfg.rollout.sampling.temperature,
-                     norm_len=cfg.rollout.sampling.max_new_tokens, mini_batch_size=cfg.mini_batch_size,
-                     old_logprobs=cfg.algorithm.old_logprobs, total_optimizer_steps=total_optimizer_steps(cfg),
-                     seed=cfg.run.seed)
-    single.update(batch)
-    local = single.weight_bucket(0, ALL, "float32")
-    worst = max((local[k] - after0[k]).abs().max().item() for k in local)
-    # Gradients agree to float32 rounding; Adam's first step (about lr * sign(g)) can amplify rounding in
-    # near-zero gradients up to a few percent of lr, hence a bound relative to lr.
-    assert worst < 0.05 * cfg.learner.lr, f"1 learner vs 2 learners differ by {worst}"
+    def test_two_learners_stay_identical_and_match_one_learner(self, two_by_two):
+        cfg, roles = two_by_two
+        rollouts, batch = one_step_batch(cfg, roles)
+        before = weights(roles, 0)
+        metrics = update(roles, batch)
+        after0, after1 = weights(roles, 0), weights(roles, 1)
+        assert all(torch.equal(after0[k], after1[k]) for k in after0), "data-parallel replicas diverged"
+        assert any(not torch.equal(before[k], after0[k]) for k in before), "the update changed nothing"
+        assert metrics["learner/optimizer_steps"] == 1
 
-
-def test_sync_sets_version_and_vllm_matches_learner(two_by_two):
-    cfg, roles = two_by_two
-    roles.sync.push(version=7)
-    rollouts, batch = one_step_batch(cfg, roles)
-    assert rollouts.policy_version == 7
-    versions = set(ray.get(roles.rollout.map(RolloutWorker.version)))
-    assert versions == {7}
-
-    # Score sample 0 in each engine and in the learner: both fp32, the same weights.
-    prompt, response = rollouts.prompt_ids[0], rollouts.response_ids[0]
-    learner_lp = ray.get(roles.learner.call(0, Learner.logprobs, batch.select(slice(0, 1))))[0, : len(response)]
-    for i in range(len(roles.rollout)):
-        (engine_lp,) = ray.get(roles.rollout.call(i, RolloutWorker.score, [prompt + response], len(prompt)))
-        diff = (torch.tensor(engine_lp) - learner_lp).abs().max().item()
-        assert diff < 1e-4, f"rollout actor {i}: vLLM vs learner log-probs differ by {diff}"
+        # The same global batch on one in-process learner (local mode, plain class) gives the same weights.
+        single = Learner(cfg.model, cfg.learner, cfg.loss, temperature=cfg.rollout.sampling.temperature,
+                         norm_len=cfg.rollout.sampling.max_new_tokens, mini_batch_size=cfg.mini_batch_size,
+                         old_logprobs=cfg.algorithm.old_logprobs, total_optimizer_steps=total_optimizer_steps(cfg),
+                         seed=cfg.run.seed)
+        single.update(batch)
+        local = single.weight_bucket(0, ALL, "float32")
+        worst = max((local[k] - after0[k]).abs().max().item() for k in local)
+        # Gradients agree to float32 rounding; Adam's first step (about lr * sign(g)) can amplify rounding in
+        # near-zero gradients up to a few percent of lr, hence a bound relative to lr.
+        assert worst < 0.05 * cfg.learner.lr, f"1 learner vs 2 learners differ by {worst}"
 
 
-def test_raising_reward_names_function_and_sample(two_by_two):
-    cfg, roles = two_by_two
-    tokenizer = load_tokenizer(cfg.model)
-    prompts, _ = load_prompts(cfg.data, tokenizer)
-    reward = cfg.reward.model_copy(update={"function": "tests.e2e.faulty_rewards:always_raises"})
-    with pytest.raises(RewardError) as err:
-        generate_and_score(roles.rollout, prompts[:2], reward)
-    assert "tests.e2e.faulty_rewards:always_raises" in str(err.value)
-    assert "sample" in str(err.value).lower()
+    def test_sync_sets_version_and_vllm_matches_learner(self, two_by_two):
+        cfg, roles = two_by_two
+        roles.sync.push(version=7)
+        rollouts, batch = one_step_batch(cfg, roles)
+        assert rollouts.policy_version == 7
+        versions = set(ray.get(roles.rollout.map(RolloutWorker.version)))
+        assert versions == {7}
 
-    zero = reward.model_copy(update={"on_error": "zero"})
-    rollouts, scores, errors = generate_and_score(roles.rollout, prompts[:2], zero)
-    assert scores == [0.0] * len(rollouts) and errors == len(rollouts)
+        # Score sample 0 in each engine and in the learner: both fp32, the same weights.
+        prompt, response = rollouts.prompt_ids[0], rollouts.response_ids[0]
+        learner_lp = ray.get(roles.learner.call(0, Learner.logprobs, batch.select(slice(0, 1))))[0, : len(response)]
+        for i in range(len(roles.rollout)):
+            (engine_lp,) = ray.get(roles.rollout.call(i, RolloutWorker.score, [prompt + response], len(prompt)))
+            diff = (torch.tensor(engine_lp) - learner_lp).abs().max().item()
+            assert diff < 1e-4, f"rollout actor {i}: vLLM vs learner log-probs differ by {diff}"
+
+
+    def test_raising_reward_names_function_and_sample(self, two_by_two):
+        cfg, roles = two_by_two
+        tokenizer = load_tokenizer(cfg.model)
+        prompts, _ = load_prompts(cfg.data, tokenizer)
+        reward = cfg.reward.model_copy(update={"function": "tests.e2e.faulty_rewards:always_raises"})
+        with pytest.raises(RewardError) as err:
+            generate_and_score(roles.rollout, prompts[:2], reward)
+        assert "tests.e2e.faulty_rewards:always_raises" in str(err.value)
+        assert "sample" in str(err.value).lower()
+
+        zero = reward.model_copy(update={"on_error": "zero"})
+        rollouts, scores, errors = generate_and_score(roles.rollout, prompts[:2], zero)
+        assert scores == [0.0] * len(rollouts) and errors == len(rollouts)
 
 
 @pytest.mark.parametrize("rollout_actors,learners", [(1, 1), (1, 2)])
@@ -120,3 +123,15 @@ def test_topologies_train_end_to_end(ray_session, tmp_path, rollout_actors, lear
     run_dir = tmp_path / cfg.run.name
     assert (run_dir / "metrics.jsonl").read_text().count("\n") == 2
     assert (run_dir / "checkpoints" / "step_000002" / "model" / "config.json").exists()
+
+
+def test_resume_continues_after_the_last_checkpoint(ray_session, tmp_path):
+    common = ("cluster.rollout.num_actors=1", "rollout.prompts_per_step=4", "learner.micro_batch_size=8")
+    first = train(quickstart(tmp_path, *common, "run.steps=1", "run.checkpoint_every=1"))
+    assert [h["policy_version"] for h in first] == [1]
+    resumed = train(quickstart(tmp_path, *common, "run.steps=2", "run.resume=true"))
+    assert [h["policy_version"] for h in resumed] == [2]
+    # The optimizer state came back: its step counter continues from the checkpoint.
+    assert resumed[0]["learner/optimizer_steps"] == 2
+    rows = (tmp_path / "quickstart" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2
