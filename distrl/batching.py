@@ -1,9 +1,9 @@
 """From `Rollouts` + rewards to a padded `TrainBatch` with advantages. Pure torch, no Ray.
 
-Advantages follow the configured estimator on the sequence rewards; with `loss.kl.target: reward` the per-token
-penalty `-coef * KL(rollout || ref)` is added to the token rewards before returns are formed (verl's
-`apply_kl_penalty`, OpenRLHF's `compute_reward`). The sampler's log-probs stand in for the old policy there, as the
-learner only recomputes old log-probs later, inside `update`.
+Advantages follow the configured estimator on the sequence scores. With `loss.kl.target: reward` the per-token
+penalty `coef * kl_t` is subtracted from the token rewards, whose sum is the score the estimator normalises
+(verl's `apply_kl_penalty` followed by its outcome-reward estimators). The sampler's log-probs stand in for the old
+policy in kl_t, as the learner recomputes old log-probs only later, inside `update`.
 """
 
 from __future__ import annotations
@@ -40,16 +40,16 @@ def to_train_batch(rollouts: Rollouts, pad_id: int) -> TrainBatch:
 def assign_advantages(batch: TrainBatch, rewards: torch.Tensor, group_size: int, algo: AlgorithmConfig,
                       kl: KLConfig) -> dict[str, float]:
     """Fill `batch.advantages` `[B, T]` from sequence rewards `[B]`; returns advantage / KL-penalty metrics."""
-    seq_adv = group_advantages(rewards, group_size, algo.advantage, eps=algo.eps)
-    token_rewards = None
     metrics: dict[str, float] = {}
+    scores = rewards.to(torch.float32)
     if kl.target == "reward" and kl.coef > 0:
         if batch.ref_logprobs is None:
             raise ValueError("loss.kl.target 'reward' needs reference log-probs on the batch")
         penalty = kl_estimate(batch.rollout_logprobs, batch.ref_logprobs, kl.estimator) * batch.response_mask
-        token_rewards = -kl.coef * penalty
-        metrics["kl/ref"] = float(penalty.sum() / batch.response_mask.sum().clamp(min=1))
-    batch.advantages = token_advantages(seq_adv, batch.response_mask, token_rewards=token_rewards, gamma=algo.gamma)
+        scores = scores - kl.coef * penalty.sum(-1)
+        metrics["kl/in_reward"] = float(penalty.sum() / batch.response_mask.sum().clamp(min=1))
+    seq_adv = group_advantages(scores, group_size, algo.advantage, eps=algo.eps)
+    batch.advantages = token_advantages(seq_adv, batch.response_mask, gamma=algo.gamma)
     valid = batch.response_mask.bool()
     metrics.update({"advantage/mean": float(batch.advantages[valid].mean()) if valid.any() else 0.0,
                     "advantage/std": float(batch.advantages[valid].std()) if valid.sum() > 1 else 0.0})

@@ -127,8 +127,9 @@ class ReferenceConfig(Section):
 
 # --------------------------------------------------------------------------------------------------------- learner
 class LearnerConfig(Section):
-    dtype: Dtype = "float32"
-    """Dtype of the trained weights and of the forward pass."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of the forward and backward passes. Weights and optimizer state stay float32 either way;
+    bfloat16 runs the model under autocast (mixed precision)."""
     lr: float = Field(default=1e-5, gt=0.0)
     """Peak learning rate of AdamW."""
     weight_decay: float = Field(default=0.0, ge=0.0)
@@ -305,7 +306,10 @@ class RunConfig(Section):
     checkpoint_at_end: bool = False
     """Save a checkpoint after the last step."""
     resume: bool = False
-    """Continue from the newest checkpoint in the run directory."""
+    """Continue from the newest checkpoint in the run directory (metrics after that step are dropped)."""
+    overwrite: bool = False
+    """Start afresh in a run directory that already holds a run, deleting its metrics and checkpoints. Without it
+    (or `resume`), such a directory is an error, so two runs never mix their files."""
 
 
 # ------------------------------------------------------------------------------------------------------------ root
@@ -377,9 +381,17 @@ class Config(Section):
             errors.append(f"rollout.max_model_len ({self.rollout.max_model_len}) must be >= data.max_prompt_tokens "
                           f"+ rollout.sampling.max_new_tokens "
                           f"({self.data.max_prompt_tokens + self.rollout.sampling.max_new_tokens})")
-        if self.rollout.tensor_parallel_size > 1 and self.cluster.rollout.num_gpus < self.rollout.tensor_parallel_size:
-            errors.append(f"rollout.tensor_parallel_size ({self.rollout.tensor_parallel_size}) needs "
-                          f"cluster.rollout.num_gpus >= it (got {self.cluster.rollout.num_gpus})")
+        if self.rollout.tensor_parallel_size > 1:
+            errors.append(f"rollout.tensor_parallel_size ({self.rollout.tensor_parallel_size}) > 1 is not supported "
+                          "yet: in-place weight updates need the engine inside the rollout actor's process; scale "
+                          "with cluster.rollout.num_actors instead")
+        s = self.rollout.sampling
+        if self.algorithm.old_logprobs == "rollout" and (s.top_p < 1.0 or s.top_k > 0):
+            errors.append("algorithm.old_logprobs 'rollout' with rollout.sampling.top_p < 1 or "
+                          "rollout.sampling.top_k > 0 would take the truncated sampler's log-probs as the old "
+                          "policy (biased ratios from the first step); use 'recompute'")
+        if self.run.resume and self.run.overwrite:
+            errors.append("run.resume and run.overwrite contradict each other; set one")
         if self.cluster.weight_sync == "nccl" and (
             self.cluster.learner.num_gpus == 0 or self.cluster.rollout.num_gpus == 0
         ):

@@ -4,7 +4,6 @@ prompts -> generate (+ score) -> reference log-probs -> advantages -> update -> 
 
 from __future__ import annotations
 
-import statistics
 from contextlib import ExitStack, closing
 
 import ray
@@ -14,13 +13,13 @@ from distrl import checkpoint
 from distrl.batching import assign_advantages, to_train_batch
 from distrl.cluster import runtime
 from distrl.cluster.generation import generate_and_score
-from distrl.cluster.roles import Roles, start_roles
+from distrl.cluster.roles import Roles, started_roles
 from distrl.config import Config
 from distrl.data import PromptIterator, load_prompts
 from distrl.metrics import PhaseTimer
 from distrl.run_dir import RunDir
 from distrl.types import TrainBatch
-from distrl.workers.learner import Learner
+from distrl.workers.learner import Learner, merge_metrics
 from distrl.workers.model import load_tokenizer
 from distrl.workers.reference import ReferenceWorker
 from distrl.workers.rewards import resolve_reward
@@ -36,8 +35,7 @@ def train(cfg: Config) -> list[dict]:
         tokenizer = load_tokenizer(cfg.model)
         prompts, data_stats = load_prompts(cfg.data, tokenizer)
         batches = PromptIterator(prompts, cfg.rollout.prompts_per_step, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-        roles = start_roles(cfg)
-        cleanup.callback(roles.shutdown)
+        roles = cleanup.enter_context(started_roles(cfg))
         timer, history = PhaseTimer(), []
         first = resume(cfg, run, roles, batches)
         roles.sync.push(version=first - 1)
@@ -59,7 +57,9 @@ def train(cfg: Config) -> list[dict]:
             history.append(metrics)
             run.log(step, metrics)
             if run.checkpoint_due(step):
-                checkpoint.save(run.path, step, roles.learner, {"data": batches.state_dict()})
+                path = str(checkpoint.path_for(run.path, step))
+                ray.get(roles.learner.call(0, Learner.save_checkpoint, path, {"step": step,
+                                                                              "data": batches.state_dict()}))
     run.summary(history)  # after the actors are gone, so their last log lines do not trail it
     return history
 
@@ -75,16 +75,16 @@ def reference_logprobs(roles: Roles, batch: TrainBatch) -> torch.Tensor | None:
 
 def update(roles: Roles, batch: TrainBatch) -> dict[str, float]:
     """One update on every learner (an equal shard each); metrics averaged over learners."""
-    results = ray.get(roles.learner.map_shards(Learner.update, batch.split(len(roles.learner))))
-    return {key: statistics.fmean(r[key] for r in results) for key in results[0]}
+    return merge_metrics(ray.get(roles.learner.map_shards(Learner.update, batch.split(len(roles.learner)))))
 
 
 def resume(cfg: Config, run: RunDir, roles: Roles, batches: PromptIterator) -> int:
     """First step to run: 1, or the step after the newest checkpoint when `run.resume` is set."""
     found = checkpoint.latest(run.path) if cfg.run.resume else None
-    if found is None:
-        return 1
-    state = checkpoint.restore(found, roles.learner)
-    batches.load_state_dict(state["data"])
-    print(f"resumed from {found} (step {state['step']})")
+    state = checkpoint.driver_state(found) if found else {"step": 0}
+    if found:
+        ray.get(roles.learner.map(Learner.load_checkpoint, str(found)))
+        batches.load_state_dict(state["data"])
+        print(f"resumed from {found} (step {state['step']})")
+    run.forget_after(state["step"])
     return state["step"] + 1

@@ -6,6 +6,8 @@ checkpoints/.
 
 from __future__ import annotations
 
+import json
+import shutil
 import statistics
 import time
 from collections.abc import Iterable, Iterator
@@ -30,7 +32,7 @@ class RunDir:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.path = Path(cfg.run.output_dir) / cfg.run.name
-        self.path.mkdir(parents=True, exist_ok=True)
+        self._claim()
         (self.path / "config.yaml").write_text(to_yaml(cfg))
         sinks: list[Sink] = [JsonlSink(self.path / "metrics.jsonl")]
         if cfg.run.tensorboard:
@@ -39,7 +41,23 @@ class RunDir:
             sinks.append(RayMetricsSink(cfg.run.name))
         self.logger = MetricsLogger(sinks)
         self.bar = None
-        self._step_start = time.perf_counter()
+        self._start = self._step_start = time.perf_counter()
+
+    def _claim(self) -> None:
+        """Create the run directory; one that already holds a run needs `run.resume` or `run.overwrite`."""
+        used = (self.path / "metrics.jsonl").exists() or (self.path / "checkpoints").exists()
+        if used and self.cfg.run.overwrite:
+            shutil.rmtree(self.path)
+        elif used and not self.cfg.run.resume:
+            raise FileExistsError(f"{self.path} already holds a run: set run.resume=true to continue it, "
+                                  f"run.overwrite=true to replace it, or choose another run.name")
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def forget_after(self, step: int) -> None:
+        """Drop metrics rows after `step` (a resumed run logs those steps again)."""
+        path = self.path / "metrics.jsonl"
+        rows = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
+        path.write_text("".join(row + "\n" for row in rows))
 
     def progress(self, steps: Iterable[int]) -> Iterator[int]:
         """Iterate steps behind a progress bar (step, reward, tokens/s, ETA) when `run.progress` is set."""
@@ -59,7 +77,7 @@ class RunDir:
         step_time = time.perf_counter() - self._step_start
         m: dict[str, float | None] = {key: None for key in ALWAYS}
         m.update({
-            "policy_version": float(step),
+            "policy_version": float(rollouts.policy_version),  # the weights that sampled this step
             "reward/mean": statistics.fmean(rewards), "reward/std": statistics.pstdev(rewards),
             "reward/errors": float(reward_errors),
             "response_length/mean": statistics.fmean(lengths), "response_length/max": float(max(lengths)),
@@ -72,6 +90,7 @@ class RunDir:
         m.update({
             "time/step": step_time,
             "time/driver_overhead": max(0.0, step_time - sum(times.values())),
+            "time/elapsed": time.perf_counter() - self._start,
             "throughput/tokens_per_s": tokens / step_time,
             "rollout/tokens_per_s": tokens / times["time/generate"],
             "sync/bytes": float(sync.bytes), "sync/bytes_per_s": sync.bytes_per_s,

@@ -42,15 +42,17 @@ def test_grpo_advantages_broadcast_over_response_tokens():
     assert b.advantages[2:].abs().sum() == 0
 
 
-def test_kl_in_reward_lowers_token_returns():
+def test_kl_in_reward_is_subtracted_from_the_score_before_the_estimator():
     b = to_train_batch(rollouts(), PAD)
     b.ref_logprobs = b.rollout_logprobs - 1.0 * b.response_mask  # x = logp - ref = 1 on every response token
     metrics = assign_advantages(b, torch.tensor([1.0, 0.0, 2.0, 2.0]), 2, AlgorithmConfig(advantage="dr_grpo"),
                                 KLConfig(coef=0.1, estimator="k1", target="reward"))
-    # Sample 1: A = -0.5 at the last token; token rewards -0.1 each; gamma 1 return-to-go:
-    # t0: -0.1 -0.1 -0.1 -0.5 = -0.8, t1: -0.7, t2: -0.6.
-    assert b.advantages[1].tolist() == pytest.approx([-0.8, -0.7, -0.6], abs=1e-6)
-    assert metrics["kl/ref"] == pytest.approx(1.0)
+    # Scores r - 0.1 * sum_t kl_t, response lengths 1, 3, 0, 2: [0.9, -0.3, 2.0, 1.8].
+    # Dr. GRPO subtracts group means (0.3 and 1.9): [0.6, -0.6, 0.1, -0.1], broadcast over response tokens.
+    assert b.advantages[0].tolist() == pytest.approx([0.6, 0, 0], abs=1e-6)
+    assert b.advantages[1].tolist() == pytest.approx([-0.6] * 3, abs=1e-6)
+    assert b.advantages[3].tolist() == pytest.approx([-0.1, -0.1, 0], abs=1e-6)
+    assert metrics["kl/in_reward"] == pytest.approx(1.0)
 
 
 def test_split_and_concat_round_trip():

@@ -21,6 +21,11 @@ from distrl.workers.rollout import RolloutWorker
 CHUNKS_PER_ACTOR = 2
 
 
+def reward_sample(prompt: Prompt) -> dict:
+    """The dataset row handed to reward functions, with the answer under "answer" whatever `data.answer_key` is."""
+    return prompt.sample if prompt.answer is None else {**prompt.sample, "answer": prompt.answer}
+
+
 def generate_and_score(actors: ActorGroup[RolloutWorker], prompts: list[Prompt], reward: RewardConfig,
                        ) -> tuple[Rollouts, list[float], int]:
     """(rollouts in prompt order, one reward per sample, samples whose reward raised and scored 0)."""
@@ -39,7 +44,8 @@ def generate_and_score(actors: ActorGroup[RolloutWorker], prompts: list[Prompt],
         actor, chunk = pending.pop(done)
         idle.append(actor)
         part = results[chunk] = ray.get(done)
-        items = [(prompts[g].text, text, prompts[g].sample) for g, text in zip(part.group, part.response_texts)]
+        items = [(prompts[g].text, text, reward_sample(prompts[g]))
+                 for g, text in zip(part.group, part.response_texts)]
         scoring[chunk] = rewards.submit(reward, items)
     scores, errors = rewards.collect([ref for refs in scoring for ref in refs])
     return Rollouts.concat(results), scores, errors

@@ -81,6 +81,12 @@ class ActorGroup(Generic[W]):
             raise ValueError(f"{self.role}: {len(shards)} shards for {len(self)} actors")
         return [self.call(i, method, shard, *args, **kwargs) for i, shard in enumerate(shards)]
 
+    def node_ip(self, index: int) -> str:
+        """IP address of the node actor `index` runs on."""
+        return ray.get(self.actors[index].__ray_call__.remote(lambda _: ray.util.get_node_ip_address()))
+
     def kill(self) -> None:
+        """Stop every actor now, without waiting for calls in flight (a learner blocked in a collective whose
+        peer died would otherwise hold teardown until the collective times out)."""
         for actor in self.actors:
-            ray.kill(actor)
+            ray.kill(actor, no_restart=True)

@@ -28,21 +28,21 @@ def collect(refs: list[ray.ObjectRef]) -> tuple[list[float], int]:
     """(rewards in submission order, number of samples whose reward function raised and were scored 0).
 
     Every task is awaited before an error is raised, so no failed task is left unretrieved (Ray would log each
-    one again as an unhandled error)."""
+    one again as an unhandled error). A RewardError comes back as itself, with the remote traceback appended
+    (Ray does not carry `__cause__` across processes)."""
     rewards: list[float] = []
     errors = 0
-    first_error: RewardError | None = None
+    failure: RayTaskError | None = None
     for ref in refs:
         try:
             scores, n_errors = ray.get(ref)
         except RayTaskError as err:
-            if not isinstance(err.cause, RewardError):
-                raise
-            # The reward function's own error, not Ray's wrapper with a remote traceback around it.
-            first_error = first_error or err.cause
+            failure = failure or err
             continue
         rewards += scores
         errors += n_errors
-    if first_error is not None:
-        raise RewardError(*first_error.args) from first_error.__cause__
-    return rewards, errors
+    if failure is None:
+        return rewards, errors
+    if isinstance(failure.cause, RewardError):
+        raise RewardError(f"{failure.cause.args[0]}\n\nremote traceback:\n{failure}") from None
+    raise failure

@@ -7,6 +7,8 @@ Resource arithmetic lives here so the driver reads like the algorithm.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import ray
@@ -26,14 +28,6 @@ class Roles:
     learner: ActorGroup[Learner]
     reference: ActorGroup[ReferenceWorker] | None
     sync: WeightSync
-    placements: dict
-
-    def shutdown(self) -> None:
-        ray.get(self.learner.map(Learner.close))
-        for group in (self.rollout, self.learner, self.reference):
-            if group is not None:
-                group.kill()
-        release(self.placements)
 
 
 def _env(r: RoleResources, cfg: Config, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -46,14 +40,26 @@ def total_optimizer_steps(cfg: Config) -> int:
     return cfg.run.steps * cfg.learner.ppo_epochs * (cfg.global_batch_size // cfg.mini_batch_size)
 
 
-def start_roles(cfg: Config) -> Roles:
-    """Place and start every role, connect the learners' process group, and set up the weight sync."""
+@contextmanager
+def started_roles(cfg: Config) -> Iterator[Roles]:
+    """Place and start every role, connect the learners' process group, set up the weight sync; on exit (or if
+    any of that fails halfway) kill every actor started and release the placement groups."""
     c = cfg.cluster
     demands = {"rollout": c.rollout, "learner": c.learner}
     if cfg.needs_reference:
         demands["reference"] = c.reference
     placements = place(demands, colocate=c.colocate, run_name=cfg.run.name)
-    name = cfg.run.name
+    groups: list[ActorGroup] = []
+    try:
+        yield _start(cfg, placements, groups)
+    finally:
+        for group in groups:
+            group.kill()
+        release(placements)
+
+
+def _start(cfg: Config, placements: dict, groups: list[ActorGroup]) -> Roles:
+    c, name = cfg.cluster, cfg.run.name
     temperature = cfg.rollout.sampling.temperature
     rollout_seed = cfg.rollout.seed if cfg.rollout.seed is not None else cfg.run.seed * 1000
     rollout = ActorGroup.create(
@@ -62,19 +68,23 @@ def start_roles(cfg: Config) -> Roles:
         # Distinct seeds: engines with the same seed draw identical samples.
         init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.data.max_prompt_tokens,
                                                        seed=rollout_seed + i)))
+    groups.append(rollout)
     learner = ActorGroup.create(
         Learner, "learner", c.learner, placements["learner"], run_name=name, env=_env(c.learner, cfg),
         init=lambda i: ((cfg.model, cfg.learner, cfg.loss), dict(
             temperature=temperature, norm_len=cfg.loss.norm_len or cfg.rollout.sampling.max_new_tokens,
             mini_batch_size=cfg.mini_batch_size, old_logprobs=cfg.algorithm.old_logprobs,
             total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed)))
+    groups.append(learner)
     reference = None
     if cfg.needs_reference:
         reference = ActorGroup.create(
             ReferenceWorker, "reference", c.reference, placements["reference"], run_name=name,
             env=_env(c.reference, cfg), init=lambda i: ((cfg.reference, cfg.model), dict(temperature=temperature)))
-    host, port = ray.get(learner.call(0, Learner.endpoint))
+        groups.append(reference)
+    host = learner.node_ip(0)
+    port = ray.get(learner.call(0, Learner.free_port, host))
     ray.get([learner.call(i, Learner.connect, host, port, i, len(learner)) for i in range(len(learner))])
     gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
     sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes, gpus)
-    return Roles(rollout, learner, reference, sync, placements)
+    return Roles(rollout, learner, reference, sync)

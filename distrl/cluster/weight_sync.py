@@ -63,7 +63,8 @@ class NcclSync(WeightSync):
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
                  bucket_bytes: int):
         super().__init__(learners, rollouts, dtype, bucket_bytes)
-        host, port = ray.get(learners.call(0, Learner.endpoint))
+        host = learners.node_ip(0)
+        port = ray.get(learners.call(0, Learner.free_port, host))
         world = len(rollouts) + 1
         ray.get([learners.call(0, Learner.nccl_connect, host, port, world),
                  *[rollouts.call(i, RolloutWorker.nccl_connect, host, port, i + 1, world)

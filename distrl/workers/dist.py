@@ -49,8 +49,3 @@ def all_reduce_grads_(params: list[torch.nn.Parameter], bucket_bytes: int = 32 *
                 b.copy_(flat[offset : offset + b.numel()].view_as(b))
                 offset += b.numel()
             bucket, size = [], 0
-
-
-def destroy() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()

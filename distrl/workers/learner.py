@@ -22,6 +22,20 @@ from distrl.workers.model import DTYPES, load_causal_lm, response_logprobs, scor
 from distrl.workers.optim import build_optimizer
 
 
+def merge_metrics_lists(values: dict[str, list[float]]) -> dict[str, float]:
+    """One figure per key from several micro-batches or learners: `*_min` keys take the minimum, `*_max` the
+    maximum, everything else the mean."""
+    merged = {}
+    for key, vs in values.items():
+        merged[key] = min(vs) if key.endswith("_min") else max(vs) if key.endswith("_max") else sum(vs) / len(vs)
+    return merged
+
+
+def merge_metrics(results: list[dict[str, float]]) -> dict[str, float]:
+    """`merge_metrics_lists` over dicts that share their keys (one per learner)."""
+    return merge_metrics_lists({key: [r[key] for r in results] for key in results[0]})
+
+
 class NonFiniteError(RuntimeError):
     """Too many consecutive optimizer steps had a non-finite loss or gradient norm."""
 
@@ -36,7 +50,10 @@ class Learner:
         self.temperature, self.norm_len, self.old_logprobs = temperature, norm_len, old_logprobs
         self.global_mini_batch_size = mini_batch_size
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = load_causal_lm(model, cfg.dtype, device=self.device)
+        # Master weights and optimizer state stay float32; a lower learner.dtype is the autocast compute dtype
+        # (pure bf16 weights would round most Adam updates of size ~lr away).
+        self.model = load_causal_lm(model, "float32", device=self.device)
+        self._autocast = torch.autocast(self.device, dtype=DTYPES[cfg.dtype], enabled=cfg.dtype != "float32")
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False
@@ -57,8 +74,9 @@ class Learner:
         """Current-policy log-probs of the response tokens, no gradient: `[B, T]` float32 on CPU."""
         self.model.eval()
         try:
-            return score_in_micro_batches(self.model, batch.to(self.device), self.temperature,
-                                          self.cfg.micro_batch_size)
+            with self._autocast:
+                return score_in_micro_batches(self.model, batch.to(self.device), self.temperature,
+                                              self.cfg.micro_batch_size)
         finally:
             self.model.train()
 
@@ -77,7 +95,7 @@ class Learner:
             for mini in batch.chunks(local_mini):
                 for key, value in self._optimizer_step(mini).items():
                     sums[key].append(value)
-        metrics = {key: sum(values) / len(values) for key, values in sums.items()}
+        metrics = merge_metrics_lists(sums)
         metrics.update({"learner/lr": self.scheduler.get_last_lr()[0], "learner/skipped_steps": self.skipped_steps,
                         "learner/optimizer_steps": self.optimizer_steps})
         return metrics
@@ -91,8 +109,9 @@ class Learner:
         loss_sums: dict[str, float] = defaultdict(float)
         nonfinite_loss = 0.0
         for micro in mini.chunks(self.cfg.micro_batch_size):
-            logprobs, entropy = response_logprobs(self.model, micro, self.temperature,
-                                                  with_entropy=self.loss_cfg.entropy_coef > 0)
+            with self._autocast:
+                logprobs, entropy = response_logprobs(self.model, micro, self.temperature,
+                                                      with_entropy=self.loss_cfg.entropy_coef > 0)
             out = compute_loss(
                 LossInputs(logprobs=logprobs, old_logprobs=micro.old_logprobs, advantages=micro.advantages,
                            mask=micro.response_mask, rollout_logprobs=micro.rollout_logprobs,
@@ -110,7 +129,8 @@ class Learner:
                 else:
                     per_micro[key].append(value)
         dist.all_reduce_grads_(self.params)
-        flags = dist.all_reduce_(torch.tensor([nonfinite_loss, *loss_sums.values()], dtype=torch.float64))
+        flags = dist.all_reduce_(torch.tensor([nonfinite_loss, *loss_sums.values()], dtype=torch.float64,
+                                              device=self.device))
         max_norm = self.cfg.max_grad_norm or math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         skipped = flags[0].item() > 0 or not math.isfinite(grad_norm)
@@ -122,7 +142,7 @@ class Learner:
             self.optimizer_steps += 1
             self._consecutive_nonfinite = 0
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = {key: sum(v) / len(v) for key, v in per_micro.items()}
+        metrics = merge_metrics_lists(per_micro)
         metrics.update(dict(zip(loss_sums, flags[1:].tolist())))
         metrics["learner/grad_norm"] = grad_norm
         return metrics
@@ -162,16 +182,14 @@ class Learner:
             return {name: state[name].detach().to("cpu", DTYPES[dtype]).contiguous()
                     for name, _ in self.weight_specs(bucket_bytes, dtype)[index]}
 
-    def endpoint(self) -> tuple[str, int]:
-        """This node's IP and a free port: the rendezvous of the learners' group and of the NCCL weight world."""
+    def free_port(self, host: str) -> int:
+        """A free TCP port on `host` (this actor's node): the rendezvous of the learners' group and of the NCCL
+        weight world."""
         import socket
 
-        import ray
-
-        host = ray.util.get_node_ip_address()
         with socket.socket() as s:
             s.bind((host, 0))
-            return host, s.getsockname()[1]
+            return s.getsockname()[1]
 
     def nccl_connect(self, host: str, port: int, world_size: int) -> None:
         self._nccl = nccl.make_communicator(host, port, 0, world_size)
@@ -183,14 +201,24 @@ class Learner:
                 nccl.send_bucket(self._nccl, {name: state[name].to(DTYPES[dtype]) for name, _ in spec})
 
     # ---------------------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, directory: str) -> None:
-        """Model (HF format) plus optimizer and scheduler state."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path / "model")
+    def save_checkpoint(self, directory: str, driver_state: dict) -> str:
+        """Write model (HF format), optimizer/scheduler state and the driver's state to `directory`, atomically:
+        everything goes to a temporary sibling first, renamed when complete. Returns the directory."""
+        import json
+        import shutil
+
+        final = Path(directory)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.model.save_pretrained(tmp / "model")
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps},
-                   path / "learner_state.pt")
+                   tmp / "learner_state.pt")
+        (tmp / "driver_state.json").write_text(json.dumps(driver_state))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        return str(final)
 
     def load_checkpoint(self, directory: str) -> None:
         from safetensors.torch import load_file
@@ -200,15 +228,13 @@ class Learner:
         for shard in sorted((path / "model").glob("*.safetensors")):
             state.update(load_file(shard))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
-        # save_pretrained leaves out tied weights (e.g. lm_head tied to the embeddings); anything else is an error.
-        tied = set(getattr(self.model, "_tied_weights_keys", None) or [])
-        if unexpected or set(missing) - tied:
-            raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)}, "
+        # save_pretrained leaves out lm_head only when it *is* the embedding matrix; anything else missing is an error.
+        tied = self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
+        missing = [k for k in missing if not (tied and k.startswith("lm_head."))]
+        if unexpected or missing:
+            raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(missing)}, "
                                f"unexpected {sorted(unexpected)}")
         extra = torch.load(path / "learner_state.pt", map_location=self.device, weights_only=False)
         self.optimizer.load_state_dict(extra["optimizer"])
         self.scheduler.load_state_dict(extra["scheduler"])
         self.optimizer_steps, self.skipped_steps = extra["optimizer_steps"], extra["skipped_steps"]
-
-    def close(self) -> None:
-        dist.destroy()

@@ -7,6 +7,7 @@ log-softmax is never materialised.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -62,8 +63,13 @@ def response_logprobs(model, batch: TrainBatch, temperature: float, with_entropy
 
     p, t = batch.prompt_len, batch.response_len
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=position_ids, use_cache=False).logits[:, p - 1 : p - 1 + t]
+    kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
+                  use_cache=False)
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        # Only the last T + 1 positions (P - 1 ... P + T - 1): no [B, P, V] logits for the prompt.
+        logits = model(**kwargs, logits_to_keep=t + 1).logits[:, :t]
+    else:
+        logits = model(**kwargs).logits[:, p - 1 : p - 1 + t]
     ids = batch.input_ids[:, p : p + t]
     logprobs = token_logprobs(logits, ids, temperature=temperature)
     entropy = entropy_from_logits(logits, temperature=temperature) if with_entropy else None

@@ -12,7 +12,7 @@ import torch
 
 from distrl.batching import assign_advantages, to_train_batch
 from distrl.cluster.generation import generate_and_score
-from distrl.cluster.roles import start_roles, total_optimizer_steps
+from distrl.cluster.roles import started_roles, total_optimizer_steps
 from distrl.data import load_prompts
 from distrl.driver import reference_logprobs, train, update
 from distrl.workers.learner import Learner
@@ -36,10 +36,9 @@ def two_by_two(ray_session, tmp_path_factory):
     cfg = quickstart(tmp, "run.name=two-by-two", "rollout.dtype=float32", "cluster.rollout.num_actors=2", "cluster.learner.num_actors=2",
                      "cluster.learner.num_cpus=0.25", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "learner.micro_batch_size=4",
                      "learner.lr=1e-4", "learner.warmup_steps=0")
-    roles = start_roles(cfg)
-    roles.sync.push(version=0)
-    yield cfg, roles
-    roles.shutdown()
+    with started_roles(cfg) as roles:
+        roles.sync.push(version=0)
+        yield cfg, roles
 
 
 def one_step_batch(cfg, roles):
@@ -106,6 +105,7 @@ class TestTwoRolloutActorsTwoLearners:
             generate_and_score(roles.rollout, prompts[:2], reward)
         assert "tests.e2e.faulty_rewards:always_raises" in str(err.value)
         assert "sample" in str(err.value).lower()
+        assert "faulty_rewards.py" in str(err.value)  # the user's own failing line, from the remote traceback
 
         zero = reward.model_copy(update={"on_error": "zero"})
         rollouts, scores, errors = generate_and_score(roles.rollout, prompts[:2], zero)
@@ -118,7 +118,7 @@ def test_topologies_train_end_to_end(ray_session, tmp_path, rollout_actors, lear
                      f"cluster.learner.num_actors={learners}", "run.steps=2", "rollout.prompts_per_step=4",
                      "learner.micro_batch_size=8", "run.checkpoint_at_end=true")
     history = train(cfg)
-    assert [h["policy_version"] for h in history] == [1, 2]
+    assert [h["policy_version"] for h in history] == [0, 1]  # weights that sampled each step
     assert all(h["learner/optimizer_steps"] >= 1 for h in history)
     run_dir = tmp_path / cfg.run.name
     assert (run_dir / "metrics.jsonl").read_text().count("\n") == 2
@@ -128,9 +128,9 @@ def test_topologies_train_end_to_end(ray_session, tmp_path, rollout_actors, lear
 def test_resume_continues_after_the_last_checkpoint(ray_session, tmp_path):
     common = ("cluster.rollout.num_actors=1", "rollout.prompts_per_step=4", "learner.micro_batch_size=8")
     first = train(quickstart(tmp_path, *common, "run.steps=1", "run.checkpoint_every=1"))
-    assert [h["policy_version"] for h in first] == [1]
-    resumed = train(quickstart(tmp_path, *common, "run.steps=2", "run.resume=true"))
-    assert [h["policy_version"] for h in resumed] == [2]
+    assert [h["policy_version"] for h in first] == [0]
+    resumed = train(quickstart(tmp_path, *common, "run.steps=2", "run.resume=true", "run.overwrite=false"))
+    assert [h["policy_version"] for h in resumed] == [1]
     # The optimizer state came back: its step counter continues from the checkpoint.
     assert resumed[0]["learner/optimizer_steps"] == 2
     rows = (tmp_path / "quickstart" / "metrics.jsonl").read_text().splitlines()
