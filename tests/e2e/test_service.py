@@ -135,3 +135,22 @@ def test_resume_continues_after_the_last_checkpoint(ray_session, tmp_path):
     assert resumed[0]["learner/optimizer_steps"] == 2
     rows = (tmp_path / "quickstart" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2
+
+
+def test_step_metrics_reach_the_nodes_prometheus_endpoint(ray_session):
+    """What the dashboard's metrics view (and Prometheus) reads: the node's metrics export endpoint."""
+    import time
+    import urllib.request
+
+    from distrl.metrics import RayMetricsSink
+
+    sink = RayMetricsSink("metrics-probe")
+    port = ray.nodes()[0]["MetricsExportPort"]
+    deadline, found = time.monotonic() + 60, []
+    while not found and time.monotonic() < deadline:
+        sink.write(3, {"reward/mean": 0.42, "kl/ref": None})  # exported periodically (about every 10 s)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        found = [line for line in text.splitlines()
+                 if line.startswith("ray_distrl_reward_mean{") and 'run="metrics-probe"' in line]
+        time.sleep(1)
+    assert found and found[0].endswith(" 0.42")
