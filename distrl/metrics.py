@@ -1,10 +1,9 @@
 """Metric sinks (JSONL, TensorBoard, Ray metrics) and the phase timer.
 
 Every step's figures go to every sink: `RUN_DIR/metrics.jsonl` (one JSON object per step), TensorBoard event files
-in `RUN_DIR/tensorboard`, and Ray gauges (`distrl_<key>` with `/` as `_`, tagged with the run name; Prometheus
-sees them as `ray_distrl_<key>`) that the Ray
-dashboard's metrics view and Prometheus scrape. Values that were not measured this step are written as null to
-JSONL and skipped elsewhere.
+in `RUN_DIR/tensorboard`, and Ray gauges `distrl_<key>` (`/` as `_`, tagged with the run name; Prometheus sees them
+as `ray_distrl_<key>`) for the Ray dashboard's metrics view. Values that were not measured this step are written as
+null to JSONL and skipped elsewhere.
 """
 
 from __future__ import annotations

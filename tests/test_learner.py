@@ -41,6 +41,7 @@ def test_micro_batches_give_the_full_batch_gradient(tiny_model_dir, micro_batch_
     for size in (8, micro_batch_size):
         learner = make_learner(tiny_model_dir, micro_batch_size=size)
         learner.optimizer = torch.optim.SGD(learner.params, lr=1.0)
+        learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda _: 1.0)
         before = weights(learner)
         learner.update(batch())
         deltas.append({k: v - before[k] for k, v in weights(learner).items()})

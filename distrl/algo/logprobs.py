@@ -37,6 +37,11 @@ def _scaled(chunk: torch.Tensor, temperature: float) -> torch.Tensor:
     return x.div_(temperature) if temperature != 1.0 else x
 
 
+def _chunk_log_softmax(chunk: torch.Tensor, temperature: float, lse: torch.Tensor) -> torch.Tensor:
+    """log softmax(chunk / temperature) `[b, t, V]` in the compute dtype, from the chunk's saved logsumexp `[b, t]`."""
+    return _scaled(chunk, temperature).sub_(lse.unsqueeze(-1))
+
+
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, ids: torch.Tensor, temperature: float, rows: int) -> torch.Tensor:
@@ -60,7 +65,7 @@ class _TokenLogprobs(torch.autograd.Function):
         for bs, ts in _blocks(*lse.shape, ctx.rows):
             g = grad_out[bs, ts].to(lse.dtype).unsqueeze(-1)
             # d log p_y / d z_j = (1[j = y] - p_j) / temperature
-            p = _scaled(logits[bs, ts], ctx.temperature).sub_(lse[bs, ts].unsqueeze(-1)).exp_()
+            p = _chunk_log_softmax(logits[bs, ts], ctx.temperature, lse[bs, ts]).exp_()
             p.mul_(-g).scatter_add_(-1, ids[bs, ts].unsqueeze(-1), g)
             grad[bs, ts] = p.div_(ctx.temperature) if ctx.temperature != 1.0 else p
         return grad, None, None, None
@@ -90,7 +95,7 @@ class _Entropy(torch.autograd.Function):
         for bs, ts in _blocks(*lse.shape, ctx.rows):
             g = grad_out[bs, ts].to(lse.dtype).unsqueeze(-1)
             # dH / dz_j = -p_j (log p_j + H) / temperature
-            logp = _scaled(logits[bs, ts], ctx.temperature).sub_(lse[bs, ts].unsqueeze(-1))
+            logp = _chunk_log_softmax(logits[bs, ts], ctx.temperature, lse[bs, ts])
             p = logp.exp()
             d = logp.add_(entropy[bs, ts].unsqueeze(-1)).mul_(p).mul_(-g)
             grad[bs, ts] = d.div_(ctx.temperature) if ctx.temperature != 1.0 else d
