@@ -5,6 +5,7 @@ prompts -> generate (+ score) -> reference log-probs -> advantages -> update -> 
 from __future__ import annotations
 
 from contextlib import ExitStack, closing
+from pathlib import Path
 
 import ray
 import torch
@@ -35,11 +36,13 @@ def train(cfg: Config) -> list[dict]:
         tokenizer = load_tokenizer(cfg.model)
         prompts, data_stats = load_prompts(cfg.data, tokenizer)
         batches = PromptIterator(prompts, cfg.rollout.prompts_per_step, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-        roles = cleanup.enter_context(started_roles(cfg))
+        found = checkpoint.latest(run.path) if cfg.run.resume else None
+        done = checkpoint.driver_state(found) if found else {"step": 0}
+        roles = cleanup.enter_context(started_roles(cfg, first_step=done["step"] + 1))
+        restore(found, done, run, roles, batches)
+        roles.sync.push(version=done["step"])
         timer, history = PhaseTimer(), []
-        first = resume(cfg, run, roles, batches)
-        roles.sync.push(version=first - 1)
-        for step in run.progress(range(first, cfg.run.steps + 1)):
+        for step in run.progress(range(done["step"] + 1, cfg.run.steps + 1)):
             with timer("generate"):
                 rollouts, rewards, reward_errors = generate_and_score(roles.rollout, next(batches), cfg.reward)
                 batch = to_train_batch(rollouts, tokenizer.pad_token_id)
@@ -78,13 +81,11 @@ def update(roles: Roles, batch: TrainBatch) -> dict[str, float]:
     return merge_metrics(ray.get(roles.learner.map_shards(Learner.update, batch.split(len(roles.learner)))))
 
 
-def resume(cfg: Config, run: RunDir, roles: Roles, batches: PromptIterator) -> int:
-    """First step to run: 1, or the step after the newest checkpoint when `run.resume` is set."""
-    found = checkpoint.latest(run.path) if cfg.run.resume else None
-    state = checkpoint.driver_state(found) if found else {"step": 0}
+def restore(found: Path | None, state: dict, run: RunDir, roles: Roles, batches: PromptIterator) -> None:
+    """Load checkpoint `found` (if any; `state` is its driver state) into every learner and the data iterator, and
+    forget metrics rows logged after it."""
     if found:
         ray.get(roles.learner.map(Learner.load_checkpoint, str(found)))
         batches.load_state_dict(state["data"])
         print(f"resumed from {found} (step {state['step']})")
     run.forget_after(state["step"])
-    return state["step"] + 1

@@ -41,9 +41,10 @@ def total_optimizer_steps(cfg: Config) -> int:
 
 
 @contextmanager
-def started_roles(cfg: Config) -> Iterator[Roles]:
+def started_roles(cfg: Config, first_step: int = 1) -> Iterator[Roles]:
     """Place and start every role, connect the learners' process group, set up the weight sync; on exit (or if
-    any of that fails halfway) kill every actor started and release the placement groups."""
+    any of that fails halfway) kill every actor started and release the placement groups. `first_step` shifts the
+    engines' seeds so that a resumed run does not replay the sampling randomness of its first steps."""
     c = cfg.cluster
     demands = {"rollout": c.rollout, "learner": c.learner}
     if cfg.needs_reference:
@@ -51,17 +52,18 @@ def started_roles(cfg: Config) -> Iterator[Roles]:
     placements = place(demands, colocate=c.colocate, run_name=cfg.run.name)
     groups: list[ActorGroup] = []
     try:
-        yield _start(cfg, placements, groups)
+        yield _start(cfg, placements, groups, first_step)
     finally:
         for group in groups:
             group.kill()
         release(placements)
 
 
-def _start(cfg: Config, placements: dict, groups: list[ActorGroup]) -> Roles:
+def _start(cfg: Config, placements: dict, groups: list[ActorGroup], first_step: int) -> Roles:
     c, name = cfg.cluster, cfg.run.name
     temperature = cfg.rollout.sampling.temperature
-    rollout_seed = cfg.rollout.seed if cfg.rollout.seed is not None else cfg.run.seed * 1000
+    base_seed = cfg.rollout.seed if cfg.rollout.seed is not None else cfg.run.seed * 1000
+    rollout_seed = base_seed + 7919 * (first_step - 1)
     rollout = ActorGroup.create(
         RolloutWorker, "rollout", c.rollout, placements["rollout"], run_name=name,
         env=_env(c.rollout, cfg, ENGINE_ENV),

@@ -85,6 +85,8 @@ class RolloutWorker:
     def load_weights(self, version: int, *buckets: dict[str, torch.Tensor]) -> int:
         """Replace the engine's weights in place with HF-named tensors; returns the new policy version."""
         weights = [item for bucket in buckets for item in bucket.items()]
+        # vLLM may log "RotaryEmbedding: Failed to load weights": its cos/sin cache is a buffer that no checkpoint
+        # carries, so vLLM puts the existing one back. Harmless; the log-prob match test covers the real weights.
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.policy_version = version

@@ -112,11 +112,12 @@ class TestTwoRolloutActorsTwoLearners:
         assert scores == [0.0] * len(rollouts) and errors == len(rollouts)
 
 
-@pytest.mark.parametrize("rollout_actors,learners", [(1, 1), (1, 2)])
+# 2 rollout actors x 1 learner is the quickstart (test_quickstart.py).
+@pytest.mark.parametrize("rollout_actors,learners", [(1, 1), (1, 2), (2, 2)])
 def test_topologies_train_end_to_end(ray_session, tmp_path, rollout_actors, learners):
     cfg = quickstart(tmp_path, f"cluster.rollout.num_actors={rollout_actors}",
-                     f"cluster.learner.num_actors={learners}", "run.steps=2", "rollout.prompts_per_step=4",
-                     "learner.micro_batch_size=8", "run.checkpoint_at_end=true")
+                     f"cluster.learner.num_actors={learners}", "cluster.learner.num_cpus=0.25", "run.steps=2",
+                     "rollout.prompts_per_step=4", "learner.micro_batch_size=8", "run.checkpoint_at_end=true")
     history = train(cfg)
     assert [h["policy_version"] for h in history] == [0, 1]  # weights that sampled each step
     assert all(h["learner/optimizer_steps"] >= 1 for h in history)
