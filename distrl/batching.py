@@ -48,7 +48,7 @@ def assign_advantages(batch: TrainBatch, rewards: torch.Tensor, group_size: int,
         penalty = kl_estimate(batch.rollout_logprobs, batch.ref_logprobs, kl.estimator) * batch.response_mask
         scores = scores - kl.coef * penalty.sum(-1)
         metrics["kl/in_reward"] = float(penalty.sum() / batch.response_mask.sum().clamp(min=1))
-    seq_adv = group_advantages(scores, group_size, algo.advantage, eps=algo.eps)
+    seq_adv = group_advantages(scores, group_size, algo.advantage, eps=algo.eps, whiten=algo.whitening)
     batch.advantages = token_advantages(seq_adv, batch.response_mask, gamma=algo.gamma)
     valid = batch.response_mask.bool()
     metrics.update({"advantage/mean": float(batch.advantages[valid].mean()) if valid.any() else 0.0,

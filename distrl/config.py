@@ -161,15 +161,28 @@ class AlgorithmConfig(Section):
     advantage: AdvantageEstimator = "grpo"
     """Advantage estimator. `gae` needs a value model (critic)."""
     eps: float = Field(default=1e-6, gt=0.0)
-    """Added to the standard deviation before dividing (grpo, reinforce_pp*)."""
+    """Added to the standard deviation before dividing (grpo, whitening, reinforce_pp*)."""
+    whitening: bool = False
+    """Whiten the sequence advantages over the whole step batch after the estimator: subtract the batch mean,
+    divide by the batch std (+ eps). reinforce_pp and reinforce_pp_baseline always whiten."""
     gamma: float = Field(default=1.0, ge=0.0, le=1.0)
     """Discount over response tokens (token-level returns, GAE)."""
-    lam: float = Field(default=0.95, ge=0.0, le=1.0)
-    """GAE lambda."""
+    lam: float = Field(default=0.95, ge=0.0, le=1.0, alias="lambda")
+    """GAE lambda (`lambda` in YAML and --set; `lam` in Python, as `lambda` is a keyword)."""
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
     """Where the PPO ratio's denominator comes from. `recompute`: the learner scores the batch before updating
     (decoupled PPO; the rollout correction then bridges rollout -> old). `rollout`: use vLLM's log-probs directly
     (bypass mode; cheaper, and the correction weights are then identically 1)."""
+
+    @model_validator(mode="after")
+    def _checks(self) -> AlgorithmConfig:
+        if self.whitening and self.advantage.startswith("reinforce_pp"):
+            raise ValueError(f"algorithm.whitening is redundant with algorithm.advantage '{self.advantage}', which "
+                             f"always whitens over the batch; leave whitening false")
+        if self.whitening and self.advantage == "gae":
+            raise ValueError("algorithm.whitening applies to the sequence-level estimators, not "
+                             "algorithm.advantage 'gae'")
+        return self
 
 
 class KLConfig(Section):
@@ -230,9 +243,12 @@ class LossConfig(Section):
     def _checks(self) -> LossConfig:
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise ValueError(f"loss.dual_clip must be > 1 (got {self.dual_clip}); null disables it")
-        if self.policy == "gspo" and self.aggregation == "token_mean":
-            raise ValueError("loss.policy 'gspo' is sequence-level and cannot use loss.aggregation 'token_mean'; "
-                             "use seq_mean_token_mean")
+        # GSPO's objective is the mean over sequences of one clipped term each; every other mode weights a
+        # sequence by its length (token_mean, seq_mean_token_sum, and _norm's sum over a constant).
+        if self.policy == "gspo" and self.aggregation != "seq_mean_token_mean":
+            raise ValueError(f"loss.policy 'gspo' is sequence-level and cannot use loss.aggregation "
+                             f"'{self.aggregation}', which weights each sequence by its length; use "
+                             f"seq_mean_token_mean")
         return self
 
 
@@ -531,4 +547,4 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Confi
 
 def to_yaml(cfg: Config) -> str:
     """The resolved config, every default filled in, as YAML."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    return yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False)

@@ -40,7 +40,10 @@ BAD = [
     (["loss.correction.mode=seq_mask_tis", "loss.correction.level=sequence"], "loss.correction.level"),
     (["loss.dual_clip=1.0"], "loss.dual_clip"),
     (["loss.policy=gspo", "loss.aggregation=token_mean"], "loss.aggregation"),
+    (["loss.policy=gspo", "loss.aggregation=seq_mean_token_sum"], "loss.aggregation"),
     (["loss.aggregation=token_sum"], "loss.aggregation"),
+    (["algorithm.advantage=reinforce_pp", "algorithm.whitening=true"], "algorithm.whitening"),
+    (["algorithm.lambda=1.5"], "algorithm.lambda"),
     (["loss.kl.estimator=k4"], "loss.kl.estimator"),
     (["loss.kl.coef=-1"], "loss.kl.coef"),
     (["loss.kl.target=reward", "loss.kl.estimator=k3+", "loss.kl.coef=0.1"], "loss.kl.estimator"),
@@ -98,6 +101,12 @@ def test_overrides_parse_yaml_values_and_create_sections(tmp_path):
                                                  "rollout.sampling.stop=[a, b]", "loss.dual_clip=null"])
     assert cfg.loss.kl.coef == 0.05 and cfg.loss.correction.mode == "icepop"
     assert cfg.rollout.sampling.stop == ["a", "b"] and cfg.loss.dual_clip is None
+
+
+def test_gae_lambda_is_spelled_lambda(tmp_path):
+    cfg = config.load(write(tmp_path, MINIMAL), ["algorithm.lambda=0.9", "algorithm.whitening=true"])
+    assert cfg.algorithm.lam == 0.9 and cfg.algorithm.whitening
+    assert "lambda: 0.9" in config.to_yaml(cfg)
 
 
 @pytest.mark.parametrize("override", ["novalue", "=3", "model.path.x=1"])

@@ -18,7 +18,7 @@ GroupEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_p
 
 @torch.no_grad()
 def group_advantages(rewards: torch.Tensor, group_size: int, estimator: GroupEstimator,
-                     eps: float = 1e-6) -> torch.Tensor:
+                     eps: float = 1e-6, whiten: bool = False) -> torch.Tensor:
     """Sequence advantages `[B]` from rewards `[B]`, groups of `group_size` contiguous rows.
 
     grpo                   (r - mean_g) / (std_g + eps), unbiased std       Shao et al. 2024, arXiv 2402.03300
@@ -29,11 +29,17 @@ def group_advantages(rewards: torch.Tensor, group_size: int, estimator: GroupEst
     reinforce_pp_baseline  x = r - mean_g, then x / (std_B(x) + eps)        REINFORCE++-baseline, same paper
     For reinforce_pp_baseline the batch mean of x is 0 by construction, so whitening is only the division: removing a
     float-rounding mean again would make all-equal groups non-zero.
+
+    `whiten=True` then whitens grpo / dr_grpo / rloo advantages over the batch, (a - mean_B) / (std_B + eps);
+    a batch whose advantages are all equal (e.g. every group flat) stays exactly 0. The reinforce_pp estimators
+    already whiten, so asking again is an error.
     """
     if estimator not in ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"):
         raise ValueError(f"unknown group advantage estimator {estimator!r}"
                          + ("; 'gae' needs values: use distrl.algo.gae" if estimator == "gae" else ""))
     r = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
+    if whiten and estimator.startswith("reinforce_pp"):
+        raise ValueError(f"{estimator} already whitens over the batch; whiten=True would do it twice")
     if estimator == "reinforce_pp":
         return torch.where(r.amax() == r.amin(), 0.0, _whiten(r - r.mean(), eps))
     if group_size < 2 or r.numel() % group_size:
@@ -48,7 +54,11 @@ def group_advantages(rewards: torch.Tensor, group_size: int, estimator: GroupEst
     # All-equal groups: exactly 0 (the mean of equal floats need not round back to the same float).
     flat = groups.amax(-1, keepdim=True) == groups.amin(-1, keepdim=True)
     adv = torch.where(flat, 0.0, centred).view(-1)
-    return _whiten(adv, eps) if estimator == "reinforce_pp_baseline" else adv
+    if estimator == "reinforce_pp_baseline":
+        return _whiten(adv, eps)
+    if whiten:
+        return torch.where(adv.amax() == adv.amin(), 0.0, _whiten(adv - adv.mean(), eps))
+    return adv
 
 
 def _whiten(x: torch.Tensor, eps: float) -> torch.Tensor:

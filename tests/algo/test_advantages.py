@@ -61,6 +61,25 @@ def test_reinforce_pp_baseline():
     assert adv[2:].tolist() == [0.0, 0.0]
 
 
+def test_whitening_divides_group_advantages_by_the_batch_std():
+    # dr_grpo on groups [0, 1] and [2, 4]: centred [-0.5, 0.5, -1, 1] (batch mean 0);
+    # unbiased batch var (0.25 + 0.25 + 1 + 1) / 3 = 5/6, std 0.91287 -> [-0.5477, 0.5477, -1.0954, 1.0954]
+    adv = group_advantages(torch.tensor([0.0, 1.0, 2.0, 4.0]), 2, "dr_grpo", eps=0.0, whiten=True)
+    std = math.sqrt(5 / 6)
+    assert adv.tolist() == pytest.approx([-0.5 / std, 0.5 / std, -1.0 / std, 1.0 / std])
+
+
+def test_whitening_keeps_an_all_flat_batch_at_zero():
+    adv = group_advantages(torch.tensor([0.3, 0.3, 0.7, 0.7]), 2, "grpo", whiten=True)
+    assert adv.tolist() == [0.0] * 4
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_pp", "reinforce_pp_baseline"])
+def test_whitening_twice_is_refused(estimator):
+    with pytest.raises(ValueError, match="already whitens"):
+        group_advantages(torch.tensor([0.0, 1.0]), 2, estimator, whiten=True)
+
+
 def test_group_advantages_carry_no_gradient():
     rewards = torch.tensor([1.0, 0.0], requires_grad=True)
     assert not group_advantages(rewards, 2, "grpo").requires_grad

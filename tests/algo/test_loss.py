@@ -129,8 +129,8 @@ CORRECTIONS = [CorrectionConfig(mode="tis", level="token", low=0.5, high=1.5),
                CorrectionConfig(mode="seq_mask_tis", low=0.7, high=1.4)]
 
 
-# every aggregation for ppo; gspo is sequence-level and LossConfig rejects it with token_mean
-POLICY_AGGREGATIONS = [("ppo", a) for a in AGGREGATIONS] + [("gspo", a) for a in AGGREGATIONS[1:]]
+# every aggregation for ppo; gspo is sequence-level and LossConfig accepts only seq_mean_token_mean for it
+POLICY_AGGREGATIONS = [("ppo", a) for a in AGGREGATIONS] + [("gspo", "seq_mean_token_mean")]
 
 
 @pytest.mark.parametrize("split", list(SPLITS))
