@@ -10,7 +10,12 @@ import pytest
 
 from distrl.tasks.toy import toy_reward
 from distrl.workers.rewards import (
-    RewardError, exact_match, extract_number, numeric_answer, resolve_reward, score_batch,
+    RewardError,
+    exact_match,
+    extract_number,
+    numeric_answer,
+    resolve_reward,
+    score_batch,
 )
 
 GSM8K_REFERENCE = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nShe sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
@@ -145,6 +150,9 @@ def test_score_batch_raise_names_function_and_sample_and_chains(plugin):
     assert "'boom'" in message and "ZeroDivisionError: division by zero in user code" in message
     assert "p" * 80 + "..." in message and "p" * 81 not in message  # the prompt is shortened
     assert isinstance(info.value.__cause__, ZeroDivisionError)
+    # In a reward task scoring rows 64.. of the step, the failing item is named by its row in the step.
+    with pytest.raises(RewardError, match="sample 65 "):
+        score_batch(plugin, items, on_error="raise", first_index=64)
 
 
 @pytest.mark.parametrize("completion, message", [

@@ -13,14 +13,15 @@ Item = tuple[str, str, dict]
 
 
 @ray.remote
-def _score(spec: str, items: list[Item], on_error: str) -> tuple[list[float], int]:
-    return score_batch(spec, items, on_error)
+def _score(spec: str, items: list[Item], on_error: str, first_index: int) -> tuple[list[float], int]:
+    return score_batch(spec, items, on_error, first_index)
 
 
-def submit(cfg: RewardConfig, items: list[Item]) -> list[ray.ObjectRef]:
-    """Start scoring `items` in tasks of `cfg.batch_per_task` samples; returns their refs in order."""
+def submit(cfg: RewardConfig, items: list[Item], first_index: int = 0) -> list[ray.ObjectRef]:
+    """Start scoring `items` (rows `first_index`... of the step's batch, for error messages) in tasks of
+    `cfg.batch_per_task` samples; returns their refs in order."""
     task = _score.options(num_cpus=cfg.num_cpus, max_retries=0)
-    return [task.remote(cfg.function, items[i : i + cfg.batch_per_task], cfg.on_error)
+    return [task.remote(cfg.function, items[i : i + cfg.batch_per_task], cfg.on_error, first_index + i)
             for i in range(0, len(items), cfg.batch_per_task)]
 
 

@@ -12,7 +12,8 @@ import importlib
 import math
 import numbers
 import re
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from distrl.tasks.toy import toy_reward as toy
 
@@ -63,8 +64,9 @@ def _as_reward(value: object) -> float:
 
 
 def score_batch(spec: str, items: list[tuple[str, str, dict]], on_error: Literal["raise", "zero"] = "raise",
-                ) -> tuple[list[float], int]:
-    """Score `(prompt, completion, sample)` items with the function `spec` names.
+                first_index: int = 0) -> tuple[list[float], int]:
+    """Score `(prompt, completion, sample)` items with the function `spec` names; errors call item i
+    "sample first_index + i" (its row in the step's batch).
 
     Returns (one reward per item, number of items whose function failed). A failure is an exception or a
     non-finite / non-numeric return value: with `on_error="raise"` it raises `RewardError` naming the function
@@ -79,9 +81,9 @@ def score_batch(spec: str, items: list[tuple[str, str, dict]], on_error: Literal
         try:
             rewards.append(_as_reward(fn(prompt, completion, sample)))
         # A user's reward function may raise anything; `reward.on_error` is the policy that decides what happens.
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             if on_error == "raise":
-                raise RewardError(f"reward function {spec} failed on sample {i} (prompt {_shorten(prompt)}, "
+                raise RewardError(f"reward function {spec} failed on sample {first_index + i} (prompt {_shorten(prompt)}, "
                                   f"completion {_shorten(completion)}): {type(err).__name__}: {err}") from err
             rewards.append(0.0)
             errors += 1
