@@ -1,9 +1,10 @@
 """From `Rollouts` + rewards to a padded `TrainBatch` with advantages. Pure torch, no Ray.
 
 Advantages follow the configured estimator on the sequence scores. With `loss.kl.target: reward` the per-token
-penalty `coef * kl_t` is subtracted from the token rewards, whose sum is the score the estimator normalises
-(verl's `apply_kl_penalty` followed by its outcome-reward estimators). The sampler's log-probs stand in for the old
-policy in kl_t, as the learner recomputes old log-probs only later, inside `update`.
+penalty `coef * kl_t`, kl_t estimated from the old policy's log-probs against the reference's, is subtracted from
+the token rewards, whose sum is the score the estimator normalises (verl's `apply_kl_penalty` followed by its
+outcome-reward estimators). The old log-probs are the learner's (or vLLM's in bypass mode), never vLLM's alongside
+the learner's: mixing the engine's precision into kl_t would add the rollout/trainer mismatch to the penalty.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ def assign_advantages(batch: TrainBatch, rewards: torch.Tensor, group_size: int,
     metrics: dict[str, float] = {}
     scores = rewards.to(torch.float32)
     if kl.target == "reward" and kl.coef > 0:
-        if batch.ref_logprobs is None:
-            raise ValueError("loss.kl.target 'reward' needs reference log-probs on the batch")
-        penalty = kl_estimate(batch.rollout_logprobs, batch.ref_logprobs, kl.estimator) * batch.response_mask
+        if batch.ref_logprobs is None or batch.old_logprobs is None:
+            raise ValueError("loss.kl.target 'reward' needs the old log-probs and the reference log-probs on the "
+                             "batch before advantages")
+        penalty = kl_estimate(batch.old_logprobs, batch.ref_logprobs, kl.estimator) * batch.response_mask
         scores = scores - kl.coef * penalty.sum(-1)
         metrics["kl/in_reward"] = float(penalty.sum() / batch.response_mask.sum().clamp(min=1))
     seq_adv = group_advantages(scores, group_size, algo.advantage, eps=algo.eps, whiten=algo.whitening)

@@ -24,6 +24,8 @@ RENAMES = {
     "is_weight_max": "correction/weight_max", "is_frac_truncated": "correction/frac_truncated",
     "is_frac_masked": "correction/frac_masked", "is_ess": "correction/ess",
 }
+# Phases that are the driver's own work rather than a wait for actors or tasks: part of time/driver_overhead.
+DRIVER_PHASES = ("time/advantages",)
 ALWAYS = ("loss/policy", "kl/ref", "correction/mismatch_kl", "correction/weight_mean", "clip/frac", "time/reference")
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -66,9 +68,10 @@ class RunDir:
 
             self.bar = tqdm(steps, desc="train", unit="step", dynamic_ncols=True)
             steps = self.bar
-        for step in steps:
-            self._step_start = time.perf_counter()
-            yield step
+        # A step runs from the end of the previous step's metrics to the end of its own, so the time spent
+        # logging step k is counted (as driver overhead) in step k+1, and the steps' times add up to the run's.
+        self._step_start = time.perf_counter()
+        yield from steps
 
     def step_metrics(self, step, rollouts, rewards, reward_errors, adv_metrics, update_metrics, sync, times,
                      data_stats) -> dict[str, float | None]:
@@ -89,12 +92,13 @@ class RunDir:
         m.update(times)
         m.update({
             "time/step": step_time,
-            "time/driver_overhead": max(0.0, step_time - sum(times.values())),
+            "time/driver_overhead": max(0.0, step_time - sum(v for k, v in times.items() if k not in DRIVER_PHASES)),
             "time/elapsed": time.perf_counter() - self._start,
             "throughput/tokens_per_s": tokens / step_time,
             "rollout/tokens_per_s": tokens / times["time/generate"],
             "sync/bytes": float(sync.bytes), "sync/bytes_per_s": sync.bytes_per_s,
         })
+        self._step_start = time.perf_counter()
         return m
 
     def log(self, step: int, metrics: dict[str, float | None]) -> None:

@@ -151,6 +151,16 @@ class TrainBatch:
         bounds = [round(i * self.batch_size / n) for i in range(n + 1)]
         return [self.select(slice(a, b)) for a, b in zip(bounds, bounds[1:])]
 
+    def shard(self, n: int, mini_batch_size: int) -> list[TrainBatch]:
+        """n data-parallel shards, mini-batch by mini-batch: shard k holds the k-th n-th of every consecutive
+        `mini_batch_size` rows, so a learner's j-th chunk of `mini_batch_size // n` rows is its part of the global
+        mini-batch j, and M learners take exactly the optimizer steps one learner would."""
+        if self.batch_size % mini_batch_size or mini_batch_size % n:
+            raise ValueError(f"TrainBatch.shard: a batch of {self.batch_size} does not split into mini-batches of "
+                             f"{mini_batch_size} rows, each into {n} equal shards")
+        parts = [mini.split(n) for mini in self.chunks(mini_batch_size)]
+        return [TrainBatch.concat([p[k] for p in parts]) for k in range(n)]
+
     def chunks(self, size: int) -> list[TrainBatch]:
         """Consecutive slices of at most `size` rows (micro-batches)."""
         return [self.select(slice(i, i + size)) for i in range(0, self.batch_size, size)]

@@ -44,7 +44,10 @@ def test_grpo_advantages_broadcast_over_response_tokens():
 
 def test_kl_in_reward_is_subtracted_from_the_score_before_the_estimator():
     b = to_train_batch(rollouts(), PAD)
-    b.ref_logprobs = b.rollout_logprobs - 1.0 * b.response_mask  # x = logp - ref = 1 on every response token
+    # KL of the policy that sampled (the learner's old log-probs, not vLLM's): x = old - ref = 1 on every response
+    # token, while rollout - ref would be 1.5.
+    b.old_logprobs = b.rollout_logprobs - 0.5 * b.response_mask
+    b.ref_logprobs = b.rollout_logprobs - 1.5 * b.response_mask
     metrics = assign_advantages(b, torch.tensor([1.0, 0.0, 2.0, 2.0]), 2, AlgorithmConfig(advantage="dr_grpo"),
                                 KLConfig(coef=0.1, estimator="k1", target="reward"))
     # Scores r - 0.1 * sum_t kl_t, response lengths 1, 3, 0, 2: [0.9, -0.3, 2.0, 1.8].
@@ -53,6 +56,23 @@ def test_kl_in_reward_is_subtracted_from_the_score_before_the_estimator():
     assert b.advantages[1].tolist() == pytest.approx([-0.6] * 3, abs=1e-6)
     assert b.advantages[3].tolist() == pytest.approx([-0.1, -0.1, 0], abs=1e-6)
     assert metrics["kl/in_reward"] == pytest.approx(1.0)
+
+
+def test_kl_in_reward_needs_old_and_reference_logprobs():
+    b = to_train_batch(rollouts(), PAD)
+    b.ref_logprobs = b.rollout_logprobs
+    with pytest.raises(ValueError, match="old log-probs"):
+        assign_advantages(b, torch.zeros(4), 2, AlgorithmConfig(), KLConfig(coef=0.1, target="reward"))
+
+
+def test_shard_gives_each_learner_its_part_of_every_mini_batch():
+    b = to_train_batch(Rollouts.concat([rollouts(), rollouts()]), PAD)  # rows 0..7
+    b.advantages = torch.arange(8.0)[:, None].expand(8, b.response_len).clone()  # row index as a tag
+    shards = b.shard(2, mini_batch_size=4)
+    # mini-batches [0..3] and [4..7]; learner 0 takes [0, 1] of each, learner 1 takes [2, 3] of each
+    assert [s.advantages[:, 0].tolist() for s in shards] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    with pytest.raises(ValueError, match="mini-batches of 3"):
+        b.shard(2, mini_batch_size=3)
 
 
 def test_split_and_concat_round_trip():

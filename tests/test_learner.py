@@ -4,15 +4,15 @@ advantages say, and non-finite steps are skipped then stop the run."""
 import pytest
 import torch
 
-from distrl.config import LearnerConfig, LossConfig, ModelConfig
+from distrl.config import CorrectionConfig, LearnerConfig, LossConfig, ModelConfig
 from distrl.types import TrainBatch
 from distrl.workers.learner import Learner, NonFiniteError
 
 
-def make_learner(model_dir, **learner) -> Learner:
+def make_learner(model_dir, loss: LossConfig | None = None, **learner) -> Learner:
     cfg = LearnerConfig(**{"lr": 1e-2, "micro_batch_size": 8, "max_grad_norm": None, **learner})
-    return Learner(ModelConfig(path=str(model_dir)), cfg, LossConfig(), temperature=1.0, norm_len=6,
-                   mini_batch_size=8, old_logprobs="recompute", total_optimizer_steps=10, seed=0)
+    return Learner(ModelConfig(path=str(model_dir)), cfg, loss or LossConfig(), temperature=1.0, norm_len=6,
+                   mini_batch_size=8, total_optimizer_steps=10, seed=0)
 
 
 def batch(advantage: float = 1.0) -> TrainBatch:
@@ -29,6 +29,12 @@ def batch(advantage: float = 1.0) -> TrainBatch:
                       rollout_logprobs=torch.zeros(b, t)).validate()
 
 
+def scored(learner: Learner, data: TrainBatch) -> TrainBatch:
+    """`data` with the learner's own log-probs as old_logprobs, as the driver sets them before an update."""
+    data.old_logprobs = learner.logprobs(data)
+    return data
+
+
 def weights(learner: Learner) -> dict[str, torch.Tensor]:
     return learner.weight_bucket(0, 2**40, "float32")
 
@@ -43,11 +49,21 @@ def test_micro_batches_give_the_full_batch_gradient(tiny_model_dir, micro_batch_
         learner.optimizer = torch.optim.SGD(learner.params, lr=1.0)
         learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda _: 1.0)
         before = weights(learner)
-        learner.update(batch())
+        learner.update(scored(learner, batch()))
         deltas.append({k: v - before[k] for k, v in weights(learner).items()})
     whole, micro = deltas
     worst = max(((whole[k] - micro[k]).abs().max() / whole[k].abs().max().clamp(min=1e-12)).item() for k in whole)
     assert worst < 1e-5, f"relative gradient difference {worst}"
+
+
+def test_metrics_are_token_means_over_the_whole_batch(tiny_model_dir):
+    # Micro-batches of 4 rows hold 24 and 16 response tokens: their per-token means must be weighted 24:16 to give
+    # the figure one micro-batch of 8 reports (mismatch_kl = mean over tokens of rollout - old = -old here).
+    loss = LossConfig(correction=CorrectionConfig(mode="tis", low=0.0, high=2.0))
+    reports = [make_learner(tiny_model_dir, loss, micro_batch_size=size) for size in (8, 4)]
+    whole, split = (learner.update(scored(learner, batch())) for learner in reports)
+    assert split["mismatch_kl"] == pytest.approx(whole["mismatch_kl"], rel=1e-5)
+    assert whole["learner/tokens"] == split["learner/tokens"] == 40
 
 
 def test_update_raises_logprobs_of_positive_advantage_samples(tiny_model_dir):
@@ -55,7 +71,7 @@ def test_update_raises_logprobs_of_positive_advantage_samples(tiny_model_dir):
     data = batch()
     before = learner.logprobs(data)
     for _ in range(3):
-        metrics = learner.update(data)
+        metrics = learner.update(scored(learner, data))
     delta = ((learner.logprobs(data) - before) * data.response_mask).sum(-1)
     assert delta[-1] > 0 > delta[0]  # advantages run from -1 (row 0) to +1 (row 7)
     assert metrics["learner/optimizer_steps"] == 3 and metrics["learner/skipped_steps"] == 0
@@ -65,8 +81,13 @@ def test_update_raises_logprobs_of_positive_advantage_samples(tiny_model_dir):
 def test_non_finite_steps_are_skipped_then_stop(tiny_model_dir):
     learner = make_learner(tiny_model_dir, max_consecutive_nonfinite=2)
     before = weights(learner)
-    metrics = learner.update(batch(advantage=float("nan")))
+    metrics = learner.update(scored(learner, batch(advantage=float("nan"))))
     assert metrics["learner/skipped_steps"] == 1 and metrics["learner/optimizer_steps"] == 0
     assert all(torch.equal(before[k], v) for k, v in weights(learner).items())
     with pytest.raises(NonFiniteError, match="2 consecutive optimizer steps"):
-        learner.update(batch(advantage=float("nan")))
+        learner.update(scored(learner, batch(advantage=float("nan"))))
+
+
+def test_update_refuses_a_batch_without_old_logprobs(tiny_model_dir):
+    with pytest.raises(ValueError, match="old_logprobs"):
+        make_learner(tiny_model_dir).update(batch())

@@ -51,10 +51,12 @@ def test_resume_forgets_steps_after_the_checkpoint(tmp_path):
     assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 0.1), (2, 9.0)]
 
 
-def test_merge_metrics_keeps_min_and_max():
-    merged = merge_metrics([{"is_weight_min": 0.5, "is_weight_max": 1.5, "clip_frac": 0.1},
-                            {"is_weight_min": 0.8, "is_weight_max": 2.0, "clip_frac": 0.3}])
-    assert merged == pytest.approx({"is_weight_min": 0.5, "is_weight_max": 2.0, "clip_frac": 0.2})
+def test_merge_metrics_keeps_min_and_max_and_weights_means_by_tokens():
+    # clip_frac 0.1 over 30 tokens and 0.3 over 10 tokens: (3 + 3) / 40 = 0.15 of all tokens were clipped
+    merged = merge_metrics([{"is_weight_min": 0.5, "is_weight_max": 1.5, "clip_frac": 0.1, "learner/tokens": 30.0},
+                            {"is_weight_min": 0.8, "is_weight_max": 2.0, "clip_frac": 0.3, "learner/tokens": 10.0}])
+    assert merged == pytest.approx({"is_weight_min": 0.5, "is_weight_max": 2.0, "clip_frac": 0.15,
+                                    "learner/tokens": 40.0})
 
 
 def test_reward_sample_carries_the_answer_under_its_standard_key():

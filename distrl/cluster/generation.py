@@ -26,9 +26,9 @@ def reward_sample(prompt: Prompt) -> dict:
     return prompt.sample if prompt.answer is None else {**prompt.sample, "answer": prompt.answer}
 
 
-def generate_and_score(actors: ActorGroup[RolloutWorker], prompts: list[Prompt], reward: RewardConfig,
-                       ) -> tuple[Rollouts, list[float], int]:
-    """(rollouts in prompt order, one reward per sample, samples whose reward raised and scored 0)."""
+def generate(actors: ActorGroup[RolloutWorker], prompts: list[Prompt], reward: RewardConfig,
+             ) -> tuple[Rollouts, list[ray.ObjectRef]]:
+    """(rollouts in prompt order, the reward tasks scoring them in the same order; see `rewards.collect`)."""
     size = max(1, math.ceil(len(prompts) / (CHUNKS_PER_ACTOR * len(actors))))
     chunks = [list(range(i, min(i + size, len(prompts)))) for i in range(0, len(prompts), size)]
     queue, idle = deque(range(len(chunks))), list(range(len(actors)))
@@ -46,6 +46,13 @@ def generate_and_score(actors: ActorGroup[RolloutWorker], prompts: list[Prompt],
         part = results[chunk] = ray.get(done)
         items = [(prompts[g].text, text, reward_sample(prompts[g]))
                  for g, text in zip(part.group, part.response_texts)]
-        scoring[chunk] = rewards.submit(reward, items)
-    scores, errors = rewards.collect([ref for refs in scoring for ref in refs])
-    return Rollouts.concat(results), scores, errors
+        first_row = chunks[chunk][0] * len(part) // len(chunks[chunk])  # every prompt has the same sample count
+        scoring[chunk] = rewards.submit(reward, items, first_row)
+    return Rollouts.concat(results), [ref for refs in scoring for ref in refs]
+
+
+def generate_and_score(actors: ActorGroup[RolloutWorker], prompts: list[Prompt], reward: RewardConfig,
+                       ) -> tuple[Rollouts, list[float], int]:
+    """(rollouts in prompt order, one reward per sample, samples whose reward raised and scored 0)."""
+    rollouts, scoring = generate(actors, prompts, reward)
+    return (rollouts, *rewards.collect(scoring))

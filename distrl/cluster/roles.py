@@ -75,8 +75,7 @@ def _start(cfg: Config, placements: dict, groups: list[ActorGroup], first_step: 
         Learner, "learner", c.learner, placements["learner"], run_name=name, env=_env(c.learner, cfg),
         init=lambda i: ((cfg.model, cfg.learner, cfg.loss), dict(
             temperature=temperature, norm_len=cfg.loss.norm_len or cfg.rollout.sampling.max_new_tokens,
-            mini_batch_size=cfg.mini_batch_size, old_logprobs=cfg.algorithm.old_logprobs,
-            total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed)))
+            mini_batch_size=cfg.mini_batch_size, total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed)))
     groups.append(learner)
     reference = None
     if cfg.needs_reference:

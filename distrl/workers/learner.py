@@ -22,18 +22,30 @@ from distrl.workers.model import DTYPES, load_causal_lm, response_logprobs, scor
 from distrl.workers.optim import build_optimizer
 
 
-def merge_metrics_lists(values: dict[str, list[float]]) -> dict[str, float]:
-    """One figure per key from several micro-batches or learners: `*_min` keys take the minimum, `*_max` the
-    maximum, everything else the mean."""
+def merge_metrics_lists(values: dict[str, list[float]], weights: list[float] | None = None) -> dict[str, float]:
+    """One figure per key from several micro-batches, mini-batches or learners: `*_min` keys take the minimum,
+    `*_max` the maximum, everything else the mean weighted by `weights` (the parts' response-token counts, so that
+    per-token means such as clip_frac come out as over the whole batch; equal weights when none or all zero)."""
+    n = len(next(iter(values.values()), []))
+    w = weights if weights and sum(weights) > 0 else [1.0] * n
     merged = {}
     for key, vs in values.items():
-        merged[key] = min(vs) if key.endswith("_min") else max(vs) if key.endswith("_max") else sum(vs) / len(vs)
+        if key.endswith("_min"):
+            merged[key] = min(vs)
+        elif key.endswith("_max"):
+            merged[key] = max(vs)
+        else:
+            merged[key] = sum(wi * v for wi, v in zip(w, vs, strict=True)) / sum(w)
     return merged
 
 
 def merge_metrics(results: list[dict[str, float]]) -> dict[str, float]:
-    """`merge_metrics_lists` over dicts that share their keys (one per learner)."""
-    return merge_metrics_lists({key: [r[key] for r in results] for key in results[0]})
+    """Merge `Learner.update` metrics from the M learners, weighted by their response tokens (`learner/tokens`,
+    which is summed)."""
+    tokens = [r["learner/tokens"] for r in results]
+    merged = merge_metrics_lists({key: [r[key] for r in results] for key in results[0]}, tokens)
+    merged["learner/tokens"] = sum(tokens)
+    return merged
 
 
 class NonFiniteError(RuntimeError):
@@ -44,10 +56,10 @@ class Learner:
     """Trains the policy. With M learners, each holds a full replica and receives 1/M of every mini-batch."""
 
     def __init__(self, model: ModelConfig, cfg: LearnerConfig, loss: LossConfig, *, temperature: float,
-                 norm_len: int, mini_batch_size: int, old_logprobs: str, total_optimizer_steps: int, seed: int):
+                 norm_len: int, mini_batch_size: int, total_optimizer_steps: int, seed: int):
         torch.manual_seed(seed)
         self.cfg, self.loss_cfg = cfg, loss
-        self.temperature, self.norm_len, self.old_logprobs = temperature, norm_len, old_logprobs
+        self.temperature, self.norm_len = temperature, norm_len
         self.global_mini_batch_size = mini_batch_size
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         # Master weights and optimizer state stay float32; a lower learner.dtype is the autocast compute dtype
@@ -70,34 +82,40 @@ class Learner:
         return dist.init_process_group(master_addr, master_port, rank, world_size)
 
     # ------------------------------------------------------------------------------------------------- scoring
-    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """Current-policy log-probs of the response tokens, no gradient: `[B, T]` float32 on CPU."""
+    def logprobs(self, batch: TrainBatch, temperature: float | None = None) -> torch.Tensor:
+        """Current-policy log-probs of the response tokens, no gradient: `[B, T]` float32 on CPU. Called before
+        `update` they are the old log-probs of decoupled PPO. `temperature` defaults to the sampling temperature
+        (1.0 gives the raw model log-probs, e.g. to compare with vLLM's prompt log-probs)."""
         self.model.eval()
         try:
             with self._autocast:
-                return score_in_micro_batches(self.model, batch.to(self.device), self.temperature,
+                return score_in_micro_batches(self.model, batch.to(self.device), temperature or self.temperature,
                                               self.cfg.micro_batch_size)
         finally:
             self.model.train()
 
     # ------------------------------------------------------------------------------------------------ training
     def update(self, batch: TrainBatch) -> dict[str, float]:
-        """PPO epochs over this learner's shard; returns metrics averaged over micro-batches (loss terms summed
-        over a mini-batch's micro-batches and learners, then averaged over mini-batches)."""
+        """PPO epochs over this learner's shard (`TrainBatch.shard`: its j-th chunk of mini_batch_size / M rows
+        is its part of global mini-batch j), which carries `old_logprobs`; returns metrics averaged over
+        micro-batches (loss terms summed over a mini-batch's micro-batches and learners, then averaged over
+        mini-batches)."""
+        if batch.old_logprobs is None:
+            raise ValueError("Learner.update needs batch.old_logprobs: the learners' own log-probs before the "
+                             "update (Learner.logprobs), or the rollout log-probs in bypass mode")
         batch = batch.to(self.device)
-        if self.old_logprobs == "recompute":
-            batch.old_logprobs = self.logprobs(batch).to(self.device)
-        else:
-            batch.old_logprobs = batch.rollout_logprobs
         local_mini = self.global_mini_batch_size // dist.world_size()
-        sums: dict[str, list[float]] = defaultdict(list)
+        per_mini: dict[str, list[float]] = defaultdict(list)
+        tokens: list[float] = []
         for _ in range(self.cfg.ppo_epochs):
             for mini in batch.chunks(local_mini):
                 for key, value in self._optimizer_step(mini).items():
-                    sums[key].append(value)
-        metrics = merge_metrics_lists(sums)
+                    per_mini[key].append(value)
+                tokens.append(float(mini.response_mask.sum()))
+        metrics = merge_metrics_lists(per_mini, tokens)
         metrics.update({"learner/lr": self.scheduler.get_last_lr()[0], "learner/skipped_steps": self.skipped_steps,
-                        "learner/optimizer_steps": self.optimizer_steps})
+                        "learner/optimizer_steps": self.optimizer_steps,
+                        "learner/tokens": float(batch.response_mask.sum())})
         return metrics
 
     def _optimizer_step(self, mini: TrainBatch) -> dict[str, float]:
@@ -106,6 +124,7 @@ class Learner:
         counts = dist.all_reduce_(torch.stack([mask.sum(), (mask.sum(-1) > 0).sum().to(mask.dtype)]).double())
         num_tokens, num_seqs = counts.tolist()
         per_micro: dict[str, list[float]] = defaultdict(list)
+        micro_tokens: list[float] = []
         loss_sums: dict[str, float] = defaultdict(float)
         nonfinite_loss = 0.0
         for micro in mini.chunks(self.cfg.micro_batch_size):
@@ -122,6 +141,7 @@ class Learner:
             if not torch.isfinite(out.loss):
                 nonfinite_loss = 1.0
             out.loss.backward()
+            micro_tokens.append(float(micro.response_mask.sum()))
             for key, value in out.metrics.items():
                 # Loss terms are partial sums over the global count: they add up; ratios and fractions average.
                 if key.startswith("loss/"):
@@ -142,7 +162,7 @@ class Learner:
             self.optimizer_steps += 1
             self._consecutive_nonfinite = 0
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = merge_metrics_lists(per_micro)
+        metrics = merge_metrics_lists(per_micro, micro_tokens)
         metrics.update(dict(zip(loss_sums, flags[1:].tolist())))
         metrics["learner/grad_norm"] = grad_norm
         return metrics

@@ -1,7 +1,8 @@
 """The distributed service for real: Ray actors, vLLM CPU engines, transformers learners, in one local cluster.
 
-- 2 learners stay bit-identical after an update and match 1 learner on the same global batch.
-- After a sync, both rollout actors serve the new version and vLLM's log-probs equal the learner's (fp32) to 1e-4.
+- 2 learners stay bit-identical after updates and match 1 learner on the same global batch (two mini-batches).
+- After a sync, both rollout actors serve the new version and vLLM's log-probs equal the learner's (fp32) to 1e-4:
+  the raw ones (prompt log-probs) and the sampled tokens' at temperature 0.8.
 - Every topology (rollout actors x learners) trains end to end.
 - A raising reward function fails the step with an error naming the function and the sample, or scores 0.
 """
@@ -14,7 +15,8 @@ from distrl.batching import assign_advantages, to_train_batch
 from distrl.cluster.generation import generate_and_score
 from distrl.cluster.roles import started_roles, total_optimizer_steps
 from distrl.data import load_prompts
-from distrl.driver import reference_logprobs, train, update
+from distrl.driver import add_logprobs, train, update
+from distrl.metrics import PhaseTimer
 from distrl.workers.learner import Learner
 from distrl.workers.model import load_tokenizer
 from distrl.workers.rewards import RewardError
@@ -31,11 +33,13 @@ def weights(roles, i: int) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="class")
 def two_by_two(ray_session, tmp_path_factory):
-    """2 rollout actors x 2 learners, fp32 everywhere (no dtype mismatch), weights pushed as version 0."""
+    """2 rollout actors x 2 learners, fp32 everywhere (no dtype mismatch), sampling at temperature 0.8, 16 samples
+    per step in 2 mini-batches; weights pushed as version 0."""
     tmp = tmp_path_factory.mktemp("two_by_two")
-    cfg = quickstart(tmp, "run.name=two-by-two", "rollout.dtype=float32", "cluster.rollout.num_actors=2", "cluster.learner.num_actors=2",
-                     "cluster.learner.num_cpus=0.25", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "learner.micro_batch_size=4",
-                     "learner.lr=1e-4", "learner.warmup_steps=0")
+    cfg = quickstart(tmp, "run.name=two-by-two", "rollout.dtype=float32", "rollout.sampling.temperature=0.8",
+                     "cluster.rollout.num_actors=2", "cluster.learner.num_actors=2", "cluster.learner.num_cpus=0.25",
+                     "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "learner.mini_batch_size=8",
+                     "learner.micro_batch_size=4", "learner.lr=1e-4", "learner.warmup_steps=0")
     with started_roles(cfg) as roles:
         roles.sync.push(version=0)
         yield cfg, roles
@@ -46,7 +50,7 @@ def one_step_batch(cfg, roles):
     prompts, _ = load_prompts(cfg.data, tokenizer)
     rollouts, rewards, _ = generate_and_score(roles.rollout, prompts[: cfg.rollout.prompts_per_step], cfg.reward)
     batch = to_train_batch(rollouts, tokenizer.pad_token_id)
-    batch.ref_logprobs = reference_logprobs(roles, batch)
+    add_logprobs(roles, batch, cfg.algorithm.old_logprobs, PhaseTimer())
     # Make sure the step has signal even if all rewards tie: perturb deterministically.
     rewards = torch.tensor(rewards) + torch.linspace(0, 1, len(rewards))
     assign_advantages(batch, rewards, cfg.rollout.n_samples_per_prompt, cfg.algorithm, cfg.loss.kl)
@@ -58,26 +62,33 @@ class TestTwoRolloutActorsTwoLearners:
 
     def test_two_learners_stay_identical_and_match_one_learner(self, two_by_two):
         cfg, roles = two_by_two
-        rollouts, batch = one_step_batch(cfg, roles)
+        _, batch = one_step_batch(cfg, roles)
+        first_old = batch.old_logprobs.clone()
         before = weights(roles, 0)
-        metrics = update(roles, batch)
+        metrics = update(roles, batch, cfg.mini_batch_size)
         after0, after1 = weights(roles, 0), weights(roles, 1)
         assert all(torch.equal(after0[k], after1[k]) for k in after0), "data-parallel replicas diverged"
         assert any(not torch.equal(before[k], after0[k]) for k in before), "the update changed nothing"
-        assert metrics["learner/optimizer_steps"] == 1
+        assert metrics["learner/optimizer_steps"] == 2  # one per mini-batch
 
-        # The same global batch on one in-process learner (local mode, plain class) gives the same weights.
+        # A second update on the same samples (new old log-probs): the replicas still agree to the bit.
+        add_logprobs(roles, batch, cfg.algorithm.old_logprobs, PhaseTimer())
+        update(roles, batch, cfg.mini_batch_size)
+        again0, again1 = weights(roles, 0), weights(roles, 1)
+        assert all(torch.equal(again0[k], again1[k]) for k in again0), "data-parallel replicas diverged"
+
+        # The same global batch on one in-process learner (local mode, plain class) gives the first update's
+        # weights: the learners' shards were cut mini-batch by mini-batch, so the optimizer steps are the same.
         single = Learner(cfg.model, cfg.learner, cfg.loss, temperature=cfg.rollout.sampling.temperature,
                          norm_len=cfg.rollout.sampling.max_new_tokens, mini_batch_size=cfg.mini_batch_size,
-                         old_logprobs=cfg.algorithm.old_logprobs, total_optimizer_steps=total_optimizer_steps(cfg),
-                         seed=cfg.run.seed)
+                         total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed)
+        batch.old_logprobs = first_old
         single.update(batch)
         local = single.weight_bucket(0, ALL, "float32")
         worst = max((local[k] - after0[k]).abs().max().item() for k in local)
-        # Gradients agree to float32 rounding; Adam's first step (about lr * sign(g)) can amplify rounding in
+        # Gradients agree to float32 rounding; Adam's first steps (about lr * sign(g)) can amplify rounding in
         # near-zero gradients up to a few percent of lr, hence a bound relative to lr.
         assert worst < 0.05 * cfg.learner.lr, f"1 learner vs 2 learners differ by {worst}"
-
 
     def test_sync_sets_version_and_vllm_matches_learner(self, two_by_two):
         cfg, roles = two_by_two
@@ -87,14 +98,19 @@ class TestTwoRolloutActorsTwoLearners:
         versions = set(ray.get(roles.rollout.map(RolloutWorker.version)))
         assert versions == {7}
 
-        # Score sample 0 in each engine and in the learner: both fp32, the same weights.
+        # The sampled tokens' log-probs under the distribution vLLM sampled from (temperature 0.8) are the
+        # learner's temperature-scaled ones: the quantity the PPO ratio and the correction are built on.
+        mask = batch.response_mask.bool()
+        diff = (batch.rollout_logprobs - batch.old_logprobs)[mask].abs().max().item()
+        assert diff < 1e-4, f"sampled log-probs: vLLM vs learner differ by {diff}"
+
+        # Score sample 0 in each engine and in the learner: raw log-probs, the same weights.
         prompt, response = rollouts.prompt_ids[0], rollouts.response_ids[0]
-        learner_lp = ray.get(roles.learner.call(0, Learner.logprobs, batch.select(slice(0, 1))))[0, : len(response)]
+        raw = ray.get(roles.learner.call(0, Learner.logprobs, batch.select(slice(0, 1)), 1.0))[0, : len(response)]
         for i in range(len(roles.rollout)):
             (engine_lp,) = ray.get(roles.rollout.call(i, RolloutWorker.score, [prompt + response], len(prompt)))
-            diff = (torch.tensor(engine_lp) - learner_lp).abs().max().item()
+            diff = (torch.tensor(engine_lp) - raw).abs().max().item()
             assert diff < 1e-4, f"rollout actor {i}: vLLM vs learner log-probs differ by {diff}"
-
 
     def test_raising_reward_names_function_and_sample(self, two_by_two):
         cfg, roles = two_by_two
@@ -112,18 +128,39 @@ class TestTwoRolloutActorsTwoLearners:
         assert scores == [0.0] * len(rollouts) and errors == len(rollouts)
 
 
-# 2 rollout actors x 1 learner is the quickstart (test_quickstart.py).
-@pytest.mark.parametrize("rollout_actors,learners", [(1, 1), (1, 2), (2, 2)])
-def test_topologies_train_end_to_end(ray_session, tmp_path, rollout_actors, learners):
+# 2 rollout actors x 1 learner is the quickstart (test_quickstart.py). Each topology also runs other options end
+# to end: KL in the reward (old-policy vs reference log-probs) with whitened Dr. GRPO advantages; bypass mode (vLLM's
+# log-probs as the old policy) with two mini-batches per step; GSPO with ICEPop.
+TOPOLOGIES = {
+    "1x1-kl_in_reward": (1, 1, ["loss.kl.target=reward", "loss.kl.estimator=k1", "algorithm.advantage=dr_grpo",
+                                "algorithm.whitening=true", "learner.warmup_steps=0"]),
+    "1x2-bypass-2_mini_batches": (1, 2, ["algorithm.old_logprobs=rollout", "loss.correction=null",
+                                         "learner.mini_batch_size=16", "learner.micro_batch_size=4"]),
+    "2x2-gspo-icepop": (2, 2, ["loss.policy=gspo", "loss.aggregation=seq_mean_token_mean", "loss.clip_low=3e-4",
+                               "loss.clip_high=4e-4", "loss.correction.mode=icepop", "loss.correction.low=0.5"]),
+}
+
+
+@pytest.mark.parametrize("rollout_actors,learners,options", TOPOLOGIES.values(), ids=TOPOLOGIES.keys())
+def test_topologies_train_end_to_end(ray_session, tmp_path, rollout_actors, learners, options):
     cfg = quickstart(tmp_path, f"cluster.rollout.num_actors={rollout_actors}",
                      f"cluster.learner.num_actors={learners}", "cluster.learner.num_cpus=0.25", "run.steps=2",
-                     "rollout.prompts_per_step=4", "learner.micro_batch_size=8", "run.checkpoint_at_end=true")
+                     "rollout.prompts_per_step=4", "learner.micro_batch_size=8", "run.checkpoint_at_end=true", *options)
     history = train(cfg)
     assert [h["policy_version"] for h in history] == [0, 1]  # weights that sampled each step
     assert all(h["learner/optimizer_steps"] >= 1 for h in history)
     run_dir = tmp_path / cfg.run.name
     assert (run_dir / "metrics.jsonl").read_text().count("\n") == 2
     assert (run_dir / "checkpoints" / "step_000002" / "model" / "config.json").exists()
+    assert history[-1]["time/checkpoint"] > 0 and "time/checkpoint" not in history[0]
+    if cfg.loss.kl.target == "reward":
+        # Step 1 samples from the initial policy, which is the reference: the old-policy KL is exactly 0 (vLLM's
+        # bf16 log-probs would have put the rollout/trainer mismatch here). Step 2's policy has moved (no warm-up, whose
+        # first step has lr 0 as in transformers' schedules).
+        assert history[0]["kl/in_reward"] == 0 and history[1]["kl/in_reward"] != 0
+        assert history[1]["loss/kl"] == 0  # not also in the loss
+    if cfg.learner.mini_batch_size:
+        assert history[-1]["learner/optimizer_steps"] == 2 * cfg.global_batch_size // cfg.mini_batch_size
 
 
 def test_resume_continues_after_the_last_checkpoint(ray_session, tmp_path):
