@@ -17,11 +17,12 @@ from pathlib import Path
 
 from distrl import config
 from distrl.driver import train
+from distrl.run_dir import DRIVER_PHASES
 from distrl.workers.tiny_model import make_tiny_model
 
-WAITS = ("generate", "score", "reference", "old_logprobs", "update", "sync")
-"""Phases in which the driver waits for actors or reward tasks; the rest of a step is `driver_overhead` (batching,
-advantages, metrics, logging, progress bar), of which `advantages` is timed on its own."""
+NOT_WAITS = {"time/step", "time/elapsed", "time/driver_overhead", *DRIVER_PHASES}
+"""Every other `time/*` key is a phase in which the driver waits for actors or reward tasks; the rest of a step is
+`driver_overhead` (batching, advantages, metrics, logging, progress bar), of which `advantages` is timed apart."""
 
 
 def main() -> None:
@@ -42,9 +43,10 @@ def main() -> None:
     print(f"\nmodel: hidden {args.hidden}, layers {args.layers}; {cfg.cluster.rollout.num_actors} rollout x "
           f"{cfg.cluster.learner.num_actors} learner; batch {cfg.global_batch_size} sequences; steps 2..{args.steps}")
     print(f"{'phase':<18}{'seconds':>10}{'share':>9}")
-    for phase in (*WAITS, "driver_overhead"):
-        t = statistics.fmean(r[f"time/{phase}"] for r in rows)
-        print(f"{phase:<18}{t:>10.3f}{t / step:>9.1%}")
+    waits = list(dict.fromkeys(k for r in rows for k in r if k.startswith("time/") and k not in NOT_WAITS))
+    for key in (*waits, "time/driver_overhead"):
+        t = statistics.fmean(r.get(key, 0.0) for r in rows)
+        print(f"{key.removeprefix('time/'):<18}{t:>10.3f}{t / step:>9.1%}")
     adv = statistics.fmean(r["time/advantages"] for r in rows)
     print(f"{'  advantages':<18}{adv:>10.3f}{adv / step:>9.1%}   (part of driver_overhead)")
     print(f"{'step':<18}{step:>10.3f}")

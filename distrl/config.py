@@ -113,7 +113,8 @@ class RolloutConfig(Section):
     enforce_eager: bool = True
     """Disable CUDA graphs / compilation: faster start-up, slower decoding."""
     seed: int | None = None
-    """Base sampling seed; actor i uses seed + i. Null derives it from `run.seed`."""
+    """Base sampling seed; actor i uses seed + i, shifted by 7919 per step already run when resuming (so a resumed
+    run does not replay the first steps' samples). Null derives it from `run.seed`."""
 
 
 class ReferenceConfig(Section):
@@ -158,13 +159,16 @@ class LearnerConfig(Section):
 
 # ---------------------------------------------------------------------------------------------------- algo & loss
 class AlgorithmConfig(Section):
+    model_config = ConfigDict(validate_by_name=True)  # `lambda` in YAML and --set, `lam` in Python
+
     advantage: AdvantageEstimator = "grpo"
     """Advantage estimator. `gae` needs a value model (critic)."""
     eps: float = Field(default=1e-6, gt=0.0)
     """Added to the standard deviation before dividing (grpo, whitening, reinforce_pp*)."""
     whitening: bool = False
     """Whiten the sequence advantages over the whole step batch after the estimator: subtract the batch mean,
-    divide by the batch std (+ eps). reinforce_pp and reinforce_pp_baseline always whiten."""
+    divide by the batch std (+ eps). reinforce_pp and reinforce_pp_baseline always whiten; dr_grpo with
+    whitening is reinforce_pp_baseline."""
     gamma: float = Field(default=1.0, ge=0.0, le=1.0)
     """Discount over response tokens (token-level returns, GAE)."""
     lam: float = Field(default=0.95, ge=0.0, le=1.0, alias="lambda")

@@ -1,5 +1,5 @@
 """`train(cfg)`: the RL loop. Build the roles, push weights once, then each step:
-prompts -> generate (+ score) -> reference and old log-probs -> advantages -> update -> sync -> maybe checkpoint -> log.
+prompts -> generate (+ score) -> reference and old log-probs -> advantages -> update -> sync -> log -> maybe checkpoint.
 """
 
 from __future__ import annotations
@@ -58,15 +58,16 @@ def train(cfg: Config) -> list[dict]:
                 update_metrics = update(roles, batch, cfg.mini_batch_size)
             with timer("sync"):
                 sync = roles.sync.push(version=step)
+            metrics = run.step_metrics(step, rollouts, rewards, reward_errors, adv_metrics, update_metrics, sync,
+                                       timer.pop(), data_stats)
+            history.append(metrics)
+            run.log(step, metrics)
+            # After the row is written, so a checkpoint's step always has its row; its time shows in the next row.
             if run.checkpoint_due(step):
                 with timer("checkpoint"):
                     path = str(checkpoint.path_for(run.path, step))
                     ray.get(roles.learner.call(0, Learner.save_checkpoint, path,
                                                {"step": step, "data": batches.state_dict()}))
-            metrics = run.step_metrics(step, rollouts, rewards, reward_errors, adv_metrics, update_metrics, sync,
-                                       timer.pop(), data_stats)
-            history.append(metrics)
-            run.log(step, metrics)
     run.summary(history)  # after the actors are gone, so their last log lines do not trail it
     return history
 
@@ -91,7 +92,7 @@ def _shard_calls(group: ActorGroup, method, batch: TrainBatch) -> list[ray.Objec
 
 
 def update(roles: Roles, batch: TrainBatch, mini_batch_size: int) -> dict[str, float]:
-    """One update on every learner, each on its part of every mini-batch; metrics averaged over learners."""
+    """One update on every learner, each on its part of every mini-batch; metrics merged over learners."""
     shards = batch.shard(len(roles.learner), mini_batch_size)
     return merge_metrics(ray.get(roles.learner.map_shards(Learner.update, shards)))
 

@@ -30,9 +30,11 @@ def group_advantages(rewards: torch.Tensor, group_size: int, estimator: GroupEst
     For reinforce_pp_baseline the batch mean of x is 0 by construction, so whitening is only the division: removing a
     float-rounding mean again would make all-equal groups non-zero.
 
-    `whiten=True` then whitens grpo / dr_grpo / rloo advantages over the batch, (a - mean_B) / (std_B + eps);
-    a batch whose advantages are all equal (e.g. every group flat) stays exactly 0. The reinforce_pp estimators
-    already whiten, so asking again is an error.
+    `whiten=True` then whitens grpo / dr_grpo / rloo advantages over the batch: a / (std_B(a) + eps). Their batch
+    mean is 0 by construction, so (as for reinforce_pp_baseline) it is not removed again, which keeps flat groups
+    at exactly 0; a batch of all-flat groups stays 0. dr_grpo with whitening is reinforce_pp_baseline, and rloo
+    with whitening equals it too (rloo is dr_grpo scaled by G / (G-1)). The reinforce_pp estimators already
+    whiten, so asking again is an error.
     """
     if estimator not in ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"):
         raise ValueError(f"unknown group advantage estimator {estimator!r}"
@@ -57,7 +59,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, estimator: GroupEst
     if estimator == "reinforce_pp_baseline":
         return _whiten(adv, eps)
     if whiten:
-        return torch.where(adv.amax() == adv.amin(), 0.0, _whiten(adv - adv.mean(), eps))
+        return torch.where(adv.amax() == adv.amin(), 0.0, _whiten(adv, eps))
     return adv
 
 

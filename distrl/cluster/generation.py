@@ -53,6 +53,7 @@ def generate(actors: ActorGroup[RolloutWorker], prompts: list[Prompt], reward: R
 
 def generate_and_score(actors: ActorGroup[RolloutWorker], prompts: list[Prompt], reward: RewardConfig,
                        ) -> tuple[Rollouts, list[float], int]:
-    """(rollouts in prompt order, one reward per sample, samples whose reward raised and scored 0)."""
+    """(rollouts in prompt order, one reward per sample, samples whose reward raised and scored 0): `generate`
+    and `rewards.collect` in one call, for tools and tests that don't time the two apart."""
     rollouts, scoring = generate(actors, prompts, reward)
     return (rollouts, *rewards.collect(scoring))

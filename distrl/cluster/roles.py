@@ -59,11 +59,18 @@ def started_roles(cfg: Config, first_step: int = 1) -> Iterator[Roles]:
         release(placements)
 
 
+def engine_seed(cfg: Config, first_step: int) -> int:
+    """Sampling seed of rollout actor 0 (actor i adds i) for a run that starts at `first_step`: `rollout.seed` (or
+    1000 x `run.seed`), moved on by a prime stride per step already run, so that a resumed run does not replay the
+    sampling randomness of its first steps."""
+    base = cfg.rollout.seed if cfg.rollout.seed is not None else cfg.run.seed * 1000
+    return base + 7919 * (first_step - 1)
+
+
 def _start(cfg: Config, placements: dict, groups: list[ActorGroup], first_step: int) -> Roles:
     c, name = cfg.cluster, cfg.run.name
     temperature = cfg.rollout.sampling.temperature
-    base_seed = cfg.rollout.seed if cfg.rollout.seed is not None else cfg.run.seed * 1000
-    rollout_seed = base_seed + 7919 * (first_step - 1)
+    rollout_seed = engine_seed(cfg, first_step)
     rollout = ActorGroup.create(
         RolloutWorker, "rollout", c.rollout, placements["rollout"], run_name=name,
         env=_env(c.rollout, cfg, ENGINE_ENV),

@@ -25,8 +25,10 @@ class Connection:
             ray.init(address=address)
             self.description = f"ray: joined {address}"
         else:
-            ctx = ray.init(num_cpus=cfg.num_cpus, include_dashboard=True, dashboard_host=cfg.dashboard_host,
-                           _node_ip_address="127.0.0.1")
+            # address="local": a new cluster of our own even when `ray start` left one running on this machine
+            # (without it Ray joins that one and refuses num_cpus).
+            ctx = ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=True,
+                           dashboard_host=cfg.dashboard_host, _node_ip_address="127.0.0.1")
             self.description = f"ray: embedded cluster, dashboard at http://{ctx.dashboard_url or 'unavailable'}"
 
     def close(self) -> None:

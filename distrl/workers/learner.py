@@ -23,17 +23,20 @@ from distrl.workers.optim import build_optimizer
 
 
 def merge_metrics_lists(values: dict[str, list[float]], weights: list[float] | None = None) -> dict[str, float]:
-    """One figure per key from several micro-batches, mini-batches or learners: `*_min` keys take the minimum,
-    `*_max` the maximum, everything else the mean weighted by `weights` (the parts' response-token counts, so that
-    per-token means such as clip_frac come out as over the whole batch; equal weights when none or all zero)."""
+    """One figure per key from several micro-batches, mini-batches or learners, given each part's response-token
+    count in `weights`. Per-token figures (clip_frac, kl_ref, is_weight_mean, ...) take the token-weighted mean, so
+    they come out as over the whole batch; `*_min` / `*_max` the extreme over parts that have tokens;
+    per-optimizer-step figures (`loss/*`, `learner/*`) the plain mean."""
     n = len(next(iter(values.values()), []))
     w = weights if weights and sum(weights) > 0 else [1.0] * n
+    has_tokens = [wi > 0 for wi in w]
     merged = {}
     for key, vs in values.items():
-        if key.endswith("_min"):
-            merged[key] = min(vs)
-        elif key.endswith("_max"):
-            merged[key] = max(vs)
+        if key.endswith(("_min", "_max")):
+            extreme = min if key.endswith("_min") else max
+            merged[key] = extreme(v for v, keep in zip(vs, has_tokens, strict=True) if keep)
+        elif key.startswith(("loss/", "learner/")):
+            merged[key] = sum(vs) / len(vs)
         else:
             merged[key] = sum(wi * v for wi, v in zip(w, vs, strict=True)) / sum(w)
     return merged
@@ -89,7 +92,8 @@ class Learner:
         self.model.eval()
         try:
             with self._autocast:
-                return score_in_micro_batches(self.model, batch.to(self.device), temperature or self.temperature,
+                return score_in_micro_batches(self.model, batch.to(self.device),
+                                              self.temperature if temperature is None else temperature,
                                               self.cfg.micro_batch_size)
         finally:
             self.model.train()
@@ -97,9 +101,9 @@ class Learner:
     # ------------------------------------------------------------------------------------------------ training
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """PPO epochs over this learner's shard (`TrainBatch.shard`: its j-th chunk of mini_batch_size / M rows
-        is its part of global mini-batch j), which carries `old_logprobs`; returns metrics averaged over
-        micro-batches (loss terms summed over a mini-batch's micro-batches and learners, then averaged over
-        mini-batches)."""
+        is its part of global mini-batch j), which carries `old_logprobs`. Returns metrics merged over micro- and
+        mini-batches by `merge_metrics_lists` (loss terms are first summed over a mini-batch's micro-batches and
+        learners, giving each optimizer step's loss)."""
         if batch.old_logprobs is None:
             raise ValueError("Learner.update needs batch.old_logprobs: the learners' own log-probs before the "
                              "update (Learner.logprobs), or the rollout log-probs in bypass mode")

@@ -10,7 +10,9 @@ from .conftest import ROOT, cli_env
 
 REQUIRED_KEYS = {"step", "policy_version", "reward/mean", "response_length/mean", "loss/policy", "kl/ref",
                  "correction/mismatch_kl", "correction/weight_mean", "clip/frac", "time/generate",
-                 "time/reference", "time/update", "time/sync", "time/step", "throughput/tokens_per_s"}
+                 "time/reference", "time/update", "time/sync", "time/step", "throughput/tokens_per_s",
+                 # beyond the list: the rest of the step's phases
+                 "time/score", "time/old_logprobs", "time/advantages", "time/driver_overhead"}
 
 
 def test_quickstart_learns(tmp_path):
