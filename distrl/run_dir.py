@@ -26,7 +26,7 @@ RENAMES = {
 }
 # Phases that are the driver's own work rather than a wait for actors or tasks: part of time/driver_overhead.
 DRIVER_PHASES = ("time/advantages",)
-ALWAYS = ("loss/policy", "kl/ref", "correction/mismatch_kl", "correction/weight_mean", "clip/frac", "time/reference")
+ALWAYS = ("loss/policy", "kl/ref", "correction/mismatch_kl", "correction/weight_mean", "clip/frac")
 SPARK = "▁▂▃▄▅▆▇█"
 
 
