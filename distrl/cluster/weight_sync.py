@@ -7,14 +7,17 @@ not one per tensor). `NcclSync` (GPU): learner 0 broadcasts the buckets over a d
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import ray
+import torch
 
 from distrl.cluster.group import ActorGroup
 from distrl.workers.learner import Learner
+from distrl.workers.model import DTYPES
 from distrl.workers.rollout import RolloutWorker
 
 
@@ -34,9 +37,10 @@ class WeightSync(ABC):
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
                  bucket_bytes: int):
         self.learners, self.rollouts = learners, rollouts
-        self.dtype, self.bucket_bytes = dtype, bucket_bytes
+        self.dtype = dtype
         self.specs = ray.get(learners.call(0, Learner.weight_specs, bucket_bytes, dtype))
-        self.total_bytes = ray.get(learners.call(0, Learner.weight_bytes, dtype))
+        item = torch.empty((), dtype=DTYPES[dtype]).element_size()
+        self.total_bytes = item * sum(math.prod(shape) for spec in self.specs for _, shape in spec)
 
     def push(self, version: int) -> SyncStats:
         start = time.perf_counter()
@@ -54,8 +58,7 @@ class ObjectStoreSync(WeightSync):
     def _transfer(self, version: int) -> list[ray.ObjectRef]:
         # Top-level ObjectRef arguments are resolved by Ray before the call: each bucket object is created once by
         # learner 0 and read from shared memory by every rollout actor on the node.
-        buckets = [self.learners.call(0, Learner.weight_bucket, i, self.bucket_bytes, self.dtype)
-                   for i in range(len(self.specs))]
+        buckets = [self.learners.call(0, Learner.weight_bucket, spec, self.dtype) for spec in self.specs]
         return self.rollouts.map(RolloutWorker.load_weights, version, *buckets)
 
 
@@ -71,7 +74,7 @@ class NcclSync(WeightSync):
                    for i in range(len(rollouts))]])
 
     def _transfer(self, version: int) -> list[ray.ObjectRef]:
-        sent = self.learners.call(0, Learner.nccl_send, self.bucket_bytes, self.dtype)
+        sent = self.learners.call(0, Learner.nccl_send, self.specs, self.dtype)
         received = self.rollouts.map(RolloutWorker.nccl_receive, version, self.specs, self.dtype)
         ray.get(sent)
         return received

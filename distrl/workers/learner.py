@@ -195,16 +195,11 @@ class Learner:
             size += tensor.numel() * item
         return specs
 
-    def weight_bytes(self, dtype: str) -> int:
-        item = torch.empty((), dtype=DTYPES[dtype]).element_size()
-        return sum(t.numel() * item for t in self.model.state_dict().values())
-
-    def weight_bucket(self, index: int, bucket_bytes: int, dtype: str) -> dict[str, torch.Tensor]:
-        """Bucket `index` of the HF-named weights, cast to the rollout dtype, on CPU."""
+    def weight_bucket(self, spec: nccl.Spec, dtype: str) -> dict[str, torch.Tensor]:
+        """One bucket of `weight_specs`: its HF-named weights, cast to the rollout dtype, on CPU."""
         state = self.model.state_dict()
         with torch.no_grad():
-            return {name: state[name].detach().to("cpu", DTYPES[dtype]).contiguous()
-                    for name, _ in self.weight_specs(bucket_bytes, dtype)[index]}
+            return {name: state[name].detach().to("cpu", DTYPES[dtype]).contiguous() for name, _ in spec}
 
     def free_port(self, host: str) -> int:
         """A free TCP port on `host` (this actor's node): the rendezvous of the learners' group and of the NCCL
@@ -218,10 +213,11 @@ class Learner:
     def nccl_connect(self, host: str, port: int, world_size: int) -> None:
         self._nccl = nccl.make_communicator(host, port, 0, world_size)
 
-    def nccl_send(self, bucket_bytes: int, dtype: str) -> None:
+    def nccl_send(self, specs: list[nccl.Spec], dtype: str) -> None:
+        """Broadcast the buckets `specs` (the layout every receiver was given) from rank 0."""
         state = self.model.state_dict()
         with torch.no_grad():
-            for spec in self.weight_specs(bucket_bytes, dtype):
+            for spec in specs:
                 nccl.send_bucket(self._nccl, {name: state[name].to(DTYPES[dtype]) for name, _ in spec})
 
     # ---------------------------------------------------------------------------------------------- checkpoints

@@ -28,7 +28,8 @@ ALL = 2**40  # one bucket holding every tensor
 
 
 def weights(roles, i: int) -> dict[str, torch.Tensor]:
-    return ray.get(roles.learner.call(i, Learner.weight_bucket, 0, ALL, "float32"))
+    (everything,) = ray.get(roles.learner.call(i, Learner.weight_specs, ALL, "float32"))
+    return ray.get(roles.learner.call(i, Learner.weight_bucket, everything, "float32"))
 
 
 @pytest.fixture(scope="class")
@@ -84,7 +85,7 @@ class TestTwoRolloutActorsTwoLearners:
                          total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed)
         batch.old_logprobs = first_old
         single.update(batch)
-        local = single.weight_bucket(0, ALL, "float32")
+        local = single.weight_bucket(*single.weight_specs(ALL, "float32"), "float32")
         worst = max((local[k] - after0[k]).abs().max().item() for k in local)
         # Gradients agree to float32 rounding; Adam's first steps (about lr * sign(g)) can amplify rounding in
         # near-zero gradients up to a few percent of lr, hence a bound relative to lr.
