@@ -1,4 +1,4 @@
-"""Prompt datasets: rows -> tokenized `Prompt`s, and the deterministic, resumable batch iterator.
+"""Prompt datasets: rows -> tokenized `Prompt`s, and the deterministic, resumable prompt stream.
 
 Light at import time: pyarrow, `datasets`, jinja2 and `distrl.types` (which imports torch) are imported by the
 functions that need them, so `distrl validate` never pays for them.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,7 @@ from distrl.config import DataConfig
 if TYPE_CHECKING:
     from distrl.types import Prompt
 
-__all__ = ["DataError", "DataStats", "PromptIterator", "load_prompts", "read_rows"]
+__all__ = ["DataError", "DataStats", "PromptStream", "load_prompts", "read_rows"]
 
 JSON_LINES = (".jsonl", ".json")
 
@@ -200,54 +200,64 @@ def load_prompts(cfg: DataConfig, tokenizer) -> tuple[list[Prompt], DataStats]:
     return prompts, stats
 
 
-# ------------------------------------------------------------------------------------------------------- iterator
-class PromptIterator:
-    """Endless batches of `batch_size` prompts, epoch after epoch; a batch may straddle two epochs.
+# --------------------------------------------------------------------------------------------------------- stream
+class PromptStream:
+    """The endless stream of prompts, epoch after epoch; every draw is identified by its ticket (its position in
+    the stream).
 
-    Epoch e visits every prompt once, in the order `random.Random(seed * 1_000_003 + e)` shuffles them to (or
-    dataset order without `shuffle`), so the sequence of batches depends only on (prompts, batch_size, seed,
-    shuffle) and a restored `state_dict` continues it exactly. `epoch` is that of the last prompt served.
+    Ticket t is prompt `order_e[t mod N]` of epoch `e = t // N`, where epoch e visits every prompt once in the order
+    `random.Random(seed * 1_000_003 + e)` shuffles them to (dataset order without `shuffle`): the stream depends
+    only on (prompts, seed, shuffle). Draws may run ahead of training (asynchronous mode, dynamic sampling), so
+    the state records what was *consumed* (trained on, or discarded by dynamic sampling or the staleness bound):
+    a restored stream serves again exactly the prompts drawn but not consumed, and nothing consumed.
     """
 
-    def __init__(self, prompts: list[Prompt], batch_size: int, seed: int = 0, shuffle: bool = True):
+    def __init__(self, prompts: list[Prompt], seed: int = 0, shuffle: bool = True):
         if not prompts:
-            raise ValueError("PromptIterator needs at least one prompt")
-        if batch_size <= 0:
-            raise ValueError(f"PromptIterator batch_size must be > 0, got {batch_size}")
-        self.prompts, self.batch_size, self.seed, self.shuffle = list(prompts), batch_size, seed, shuffle
-        self.epoch, self.position = 0, 0
-        self._order = self._epoch_order(0)
+            raise ValueError("PromptStream needs at least one prompt")
+        self.prompts, self.seed, self.shuffle = list(prompts), seed, shuffle
+        self._orders: dict[int, list[int]] = {}
+        self._draw = 0  # next ticket to hand out
+        self._low = 0  # every ticket below it is consumed
+        self._consumed: set[int] = set()  # consumed tickets >= _low
 
-    def _epoch_order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.prompts)))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order
+    def epoch_of(self, ticket: int) -> int:
+        return ticket // len(self.prompts)
 
-    def __iter__(self) -> PromptIterator:
-        return self
+    def prompt(self, ticket: int) -> Prompt:
+        epoch = self.epoch_of(ticket)
+        if epoch not in self._orders:
+            order = list(range(len(self.prompts)))
+            if self.shuffle:
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._orders = {epoch: order}  # tickets are drawn in order: one epoch's order at a time suffices
+        return self.prompts[self._orders[epoch][ticket % len(self.prompts)]]
 
-    def __next__(self) -> list[Prompt]:
-        batch: list[Prompt] = []
-        while len(batch) < self.batch_size:
-            if self.position == len(self._order):
-                self.epoch, self.position = self.epoch + 1, 0
-                self._order = self._epoch_order(self.epoch)
-            take = min(self.batch_size - len(batch), len(self._order) - self.position)
-            batch += [self.prompts[i] for i in self._order[self.position : self.position + take]]
-            self.position += take
-        return batch
+    def take(self, n: int) -> list[tuple[int, Prompt]]:
+        """The next `n` (ticket, prompt) pairs, skipping tickets a restored state marks as consumed."""
+        out: list[tuple[int, Prompt]] = []
+        while len(out) < n:
+            ticket, self._draw = self._draw, self._draw + 1
+            if ticket not in self._consumed:
+                out.append((ticket, self.prompt(ticket)))
+        return out
 
-    def state_dict(self) -> dict[str, int]:
-        """Where the iterator stands: epoch, position within that epoch's order, and the dataset size."""
-        return {"epoch": self.epoch, "position": self.position, "num_prompts": len(self.prompts)}
+    def consume(self, tickets: Iterable[int]) -> None:
+        """Mark drawn tickets as consumed (trained on or discarded)."""
+        self._consumed.update(t for t in tickets if t >= self._low)
+        while self._low in self._consumed:
+            self._consumed.remove(self._low)
+            self._low += 1
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from `state_dict()`; the dataset must have the same number of prompts."""
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready: the first unconsumed ticket, the consumed tickets beyond it, the dataset size."""
+        return {"next": self._low, "consumed": sorted(self._consumed), "num_prompts": len(self.prompts)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()`: draws restart at the first unconsumed ticket. The dataset must have the
+        same number of prompts."""
         if state["num_prompts"] != len(self.prompts):
-            raise ValueError(f"cannot resume the prompt iterator: the checkpoint saw {state['num_prompts']} prompts, "
+            raise ValueError(f"cannot resume the prompt stream: the checkpoint saw {state['num_prompts']} prompts, "
                              f"the dataset now has {len(self.prompts)}")
-        if not 0 <= state["position"] <= len(self.prompts):
-            raise ValueError(f"prompt iterator state position {state['position']} is outside 0..{len(self.prompts)}")
-        self.epoch, self.position = state["epoch"], state["position"]
-        self._order = self._epoch_order(self.epoch)
+        self._low = self._draw = int(state["next"])
+        self._consumed = {int(t) for t in state["consumed"]}

@@ -106,3 +106,31 @@ class PhaseTimer:
     def pop(self) -> dict[str, float]:
         times, self.times = self.times, {}
         return times
+
+
+class BusyClock:
+    """How much of the time between two rows a role spent working: each call counts from when it was started
+    to when the driver saw it done (calls of one role run one after another)."""
+
+    def __init__(self) -> None:
+        self._period = time.perf_counter()
+        self._since: float | None = None
+        self._busy = 0.0
+
+    def start(self) -> None:
+        if self._since is None:
+            self._since = time.perf_counter()
+
+    def stop(self) -> None:
+        if self._since is not None:
+            self._busy += time.perf_counter() - self._since
+            self._since = None
+
+    def pop_idle(self) -> float:
+        """Fraction of the time since the last call that the role was idle; starts a new period."""
+        now = time.perf_counter()
+        busy = self._busy + (now - self._since if self._since is not None else 0.0)
+        span, self._period, self._busy = now - self._period, now, 0.0
+        if self._since is not None:
+            self._since = now
+        return max(0.0, 1.0 - busy / span) if span > 0 else 0.0

@@ -12,9 +12,15 @@ import statistics
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from distrl.config import Config, to_yaml
 from distrl.metrics import JsonlSink, MetricsLogger, RayMetricsSink, Sink, TensorBoardSink
+
+if TYPE_CHECKING:
+    from distrl.cluster.weight_sync import SyncStats
+    from distrl.data import DataStats
+    from distrl.types import ScoredRollouts
 
 # Learner/loss metric names (distrl.algo) -> the names users read in metrics.jsonl and dashboards.
 RENAMES = {
@@ -73,30 +79,35 @@ class RunDir:
         self._step_start = time.perf_counter()
         yield from steps
 
-    def step_metrics(self, step, rollouts, rewards, reward_errors, adv_metrics, update_metrics, sync, times,
-                     data_stats) -> dict[str, float | None]:
+    def step_metrics(self, step: int, scored: ScoredRollouts, metrics: dict[str, float], sync: SyncStats | None,
+                     times: dict[str, float], data_stats: DataStats) -> dict[str, float | None]:
+        """The row of `step`: the batch's rewards and lengths, `metrics` (advantages, update, staleness,
+        producer; loss names mapped by RENAMES), phase times, throughput and the weight push (None when the push
+        is confirmed later, in the asynchronous loop)."""
+        rollouts = scored.rollouts
         lengths = [len(r) for r in rollouts.response_ids]
         tokens = sum(lengths)
         step_time = time.perf_counter() - self._step_start
         m: dict[str, float | None] = {key: None for key in ALWAYS}
         m.update({
-            "policy_version": float(rollouts.policy_version),  # the weights that sampled this step
-            "reward/mean": statistics.fmean(rewards), "reward/std": statistics.pstdev(rewards),
-            "reward/errors": float(reward_errors),
+            "policy_version": float(max(rollouts.policy_version)),  # the newest weights that sampled this batch
+            "reward/mean": statistics.fmean(scored.rewards), "reward/std": statistics.pstdev(scored.rewards),
+            "reward/errors": float(scored.reward_errors),
             "response_length/mean": statistics.fmean(lengths), "response_length/max": float(max(lengths)),
             "response_length/truncated_frac": statistics.fmean(f == "length" for f in rollouts.finish_reasons),
             "data/dropped_prompts": float(data_stats.dropped),
         })
-        m.update(adv_metrics)
-        m.update({RENAMES.get(k, k): v for k, v in update_metrics.items()})
+        m.update({RENAMES.get(k, k): v for k, v in metrics.items()})
         m.update(times)
+        generate = times.get("time/generate", 0.0)
         m.update({
             "time/step": step_time,
             "time/driver_overhead": max(0.0, step_time - sum(v for k, v in times.items() if k not in DRIVER_PHASES)),
             "time/elapsed": time.perf_counter() - self._start,
             "throughput/tokens_per_s": tokens / step_time,
-            "rollout/tokens_per_s": tokens / times["time/generate"],
-            "sync/bytes": float(sync.bytes), "sync/bytes_per_s": sync.bytes_per_s,
+            "rollout/tokens_per_s": tokens / generate if generate > 0 else None,
+            "sync/bytes": float(sync.bytes) if sync else None,
+            "sync/bytes_per_s": sync.bytes_per_s if sync else None,
         })
         self._step_start = time.perf_counter()
         return m

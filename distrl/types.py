@@ -1,18 +1,23 @@
 """Data contracts that cross actor boundaries.
 
-Three stages, three types:
-  `Prompt`     one dataset row, tokenized (data -> rollout actors, reward tasks)
-  `Rollouts`   what vLLM produced, ragged per-sample lists (rollout actors -> driver)
-  `TrainBatch` padded tensors the learner and reference consume (driver -> reference/learners)
+Each stage has its own type, built once and complete (no field is filled in later):
+  `Prompt`          one dataset row, tokenized (data -> rollout actors, reward tasks)
+  `Rollouts`        what an engine produced: ragged per-sample lists (rollout actors -> driver)
+  `ScoredRollouts`  rollouts with one reward per sample (driver: buffer, dynamic sampling, advantages)
+  `Sequences`       the same samples padded into tensors: what the reference and learners score
+  `TrainBatch`      sequences with old log-probs, reference log-probs and advantages: what a learner trains on
 
-Each has `validate()`; `split(n)` / `concat(parts)` live with the type so that actor groups stay generic.
+Every sample carries the version of the weights that generated it (`policy_version`, per sample): a batch may mix
+versions (asynchronous mode), and the staleness of a sample is `update version - policy_version`.
+Each type has `validate()`; `split(n)` / `concat(parts)` live with the type so that actor groups stay generic.
 Shapes: B sequences, P padded prompt length (left-padded), T padded response length (right-padded).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -32,17 +37,18 @@ class Prompt:
     sample: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rollouts:
-    """Samples from a rollout actor: `n` responses per prompt, grouped contiguously (prompt-major).
+    """Samples from rollout actors: `n` responses per prompt, grouped contiguously (prompt-major).
 
     prompt_ids[i]        token ids of sample i's prompt
     response_ids[i]      sampled token ids, len L_i
     rollout_logprobs[i]  log-prob of each sampled token under the distribution sampled from, len L_i
     response_texts[i]    detokenized response
     finish_reasons[i]    "stop" (EOS or stop string) or "length"
-    group[i]             position of the prompt in the step's prompt list (the group id of group estimators)
-    policy_version       weights version that produced every sample
+    group[i]             the prompt's ticket: its position in the stream of prompts the driver handed out (the
+                         group id of group estimators, and what a checkpoint records as trained)
+    policy_version[i]    version of the weights that generated sample i
     """
 
     prompt_ids: list[list[int]]
@@ -51,61 +57,112 @@ class Rollouts:
     response_texts: list[str]
     finish_reasons: list[str]
     group: list[int]
-    policy_version: int
+    policy_version: list[int]
 
     def __len__(self) -> int:
         return len(self.response_ids)
 
     def validate(self) -> Rollouts:
         n = len(self.response_ids)
-        for f in ("prompt_ids", "rollout_logprobs", "response_texts", "finish_reasons", "group"):
-            if len(getattr(self, f)) != n:
-                raise ValueError(f"Rollouts.{f} has {len(getattr(self, f))} entries, response_ids has {n}")
-        for i, (ids, lps) in enumerate(zip(self.response_ids, self.rollout_logprobs)):
+        for f in fields(self):
+            if len(getattr(self, f.name)) != n:
+                raise ValueError(f"Rollouts.{f.name} has {len(getattr(self, f.name))} entries, response_ids has {n}")
+        for i, (ids, lps) in enumerate(zip(self.response_ids, self.rollout_logprobs, strict=True)):
             if len(ids) != len(lps):
                 raise ValueError(f"Rollouts sample {i}: {len(ids)} response tokens but {len(lps)} log-probs")
         return self
 
+    def select(self, rows: list[int]) -> Rollouts:
+        """Samples `rows`, in that order."""
+        return Rollouts(**{f.name: [getattr(self, f.name)[i] for i in rows] for f in fields(self)})
+
     @staticmethod
     def concat(parts: list[Rollouts]) -> Rollouts:
-        """Join parts in order; every part must come from the same policy version."""
+        """Join parts in order (they may come from different policy versions)."""
         if not parts:
             raise ValueError("Rollouts.concat needs at least one part")
-        versions = {p.policy_version for p in parts}
-        if len(versions) != 1:
-            raise ValueError(f"Rollouts.concat: parts come from different policy versions {sorted(versions)}")
-        return Rollouts(
-            **{f.name: [x for p in parts for x in getattr(p, f.name)] for f in fields(Rollouts) if f.name != "policy_version"},
-            policy_version=parts[0].policy_version,
-        ).validate()
+        return Rollouts(**{f.name: [x for p in parts for x in getattr(p, f.name)] for f in fields(Rollouts)})
 
 
-_BATCH_TENSORS = ("input_ids", "attention_mask", "response_mask", "advantages", "rollout_logprobs",
-                  "old_logprobs", "ref_logprobs")
+@dataclass(frozen=True)
+class ScoredRollouts:
+    """Rollouts and their rewards: `rewards[i]` scores sample i; `reward_errors` samples raised in the reward
+    function and were scored 0 (`reward.on_error: zero`)."""
+
+    rollouts: Rollouts
+    rewards: list[float]
+    reward_errors: int = 0
+
+    def __len__(self) -> int:
+        return len(self.rollouts)
+
+    def validate(self) -> ScoredRollouts:
+        self.rollouts.validate()
+        if len(self.rewards) != len(self.rollouts):
+            raise ValueError(f"ScoredRollouts: {len(self.rewards)} rewards for {len(self.rollouts)} samples")
+        return self
+
+    def groups(self) -> list[ScoredRollouts]:
+        """One part per prompt (its contiguous samples); reward errors stay with the first part."""
+        starts = [i for i, g in enumerate(self.rollouts.group) if i == 0 or g != self.rollouts.group[i - 1]]
+        bounds = [*starts, len(self)]
+        return [ScoredRollouts(self.rollouts.select(list(range(a, b))), self.rewards[a:b],
+                               self.reward_errors if k == 0 else 0)
+                for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
+
+    @staticmethod
+    def concat(parts: list[ScoredRollouts]) -> ScoredRollouts:
+        return ScoredRollouts(Rollouts.concat([p.rollouts for p in parts]), [r for p in parts for r in p.rewards],
+                              sum(p.reward_errors for p in parts))
 
 
-@dataclass
-class TrainBatch:
-    """Padded batch for the reference and learners.
+R = TypeVar("R", "Sequences", "TrainBatch")
+
+
+def _map_rows(batch: R, fn: Callable[[torch.Tensor], torch.Tensor]) -> R:
+    """`fn` applied to every `[B, ...]` tensor of `batch` (nested `Sequences` included; absent tensors stay None)."""
+    changes: dict[str, Any] = {}
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            changes[f.name] = fn(value)
+        elif isinstance(value, Sequences):
+            changes[f.name] = _map_rows(value, fn)
+    return replace(batch, **changes)
+
+
+def _split_rows(batch: R, n: int) -> list[R]:
+    """n contiguous shards whose sizes differ by at most one (equal when n divides B)."""
+    size = batch.batch_size
+    if n <= 0 or n > size:
+        raise ValueError(f"{type(batch).__name__}.split: cannot split a batch of {size} into {n} non-empty shards")
+    bounds = [round(i * size / n) for i in range(n + 1)]
+    return [batch.select(slice(a, b)) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _chunk_rows(batch: R, size: int) -> list[R]:
+    return [batch.select(slice(i, i + size)) for i in range(0, batch.batch_size, size)]
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Padded samples, as the reference and learners score them.
 
     input_ids         [B, P+T] long   prompt left-padded to P, then response right-padded to T
     attention_mask    [B, P+T] long   1 on real tokens
     response_mask     [B, T]   float  1 on response tokens that count in the loss
-    advantages        [B, T]   float
-    rollout_logprobs  [B, T]   float  vLLM's sampled-token log-probs (0 on padding)
-    old_logprobs      [B, T]   float | None  trainer log-probs before the update
-    ref_logprobs      [B, T]   float | None  reference-model log-probs
-    policy_version    version of the weights that sampled the batch
+    rollout_logprobs  [B, T]   float  the sampler's log-probs of the sampled tokens (0 on padding)
+    policy_version    [B]      long   version of the weights that generated each sample
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     response_mask: torch.Tensor
-    advantages: torch.Tensor
     rollout_logprobs: torch.Tensor
-    old_logprobs: torch.Tensor | None = None
-    ref_logprobs: torch.Tensor | None = None
-    policy_version: int = 0
+    policy_version: torch.Tensor
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     @property
     def batch_size(self) -> int:
@@ -121,35 +178,96 @@ class TrainBatch:
         """P: padded prompt length."""
         return self.input_ids.shape[1] - self.response_len
 
-    def validate(self) -> TrainBatch:
+    def validate(self) -> Sequences:
         b, s = self.input_ids.shape
         t = self.response_len
         if self.attention_mask.shape != (b, s):
-            raise ValueError(f"TrainBatch.attention_mask is {tuple(self.attention_mask.shape)}, expected {(b, s)}")
+            raise ValueError(f"Sequences.attention_mask is {tuple(self.attention_mask.shape)}, expected {(b, s)}")
         if t > s:
-            raise ValueError(f"TrainBatch: response length {t} exceeds sequence length {s}")
-        for name in _BATCH_TENSORS[2:]:
-            x = getattr(self, name)
-            if x is not None and tuple(x.shape) != (b, t):
-                raise ValueError(f"TrainBatch.{name} is {tuple(x.shape)}, expected {(b, t)}")
+            raise ValueError(f"Sequences: response length {t} exceeds sequence length {s}")
+        for name in ("response_mask", "rollout_logprobs"):
+            if tuple(getattr(self, name).shape) != (b, t):
+                raise ValueError(f"Sequences.{name} is {tuple(getattr(self, name).shape)}, expected {(b, t)}")
+        if tuple(self.policy_version.shape) != (b,):
+            raise ValueError(f"Sequences.policy_version is {tuple(self.policy_version.shape)}, expected {(b,)}")
         return self
 
-    def _map(self, fn) -> TrainBatch:
-        return replace(self, **{n: fn(getattr(self, n)) for n in _BATCH_TENSORS if getattr(self, n) is not None})
+    def to(self, device: torch.device | str) -> Sequences:
+        return _map_rows(self, lambda x: x.to(device))
+
+    def select(self, index: torch.Tensor | slice) -> Sequences:
+        """Rows `index` of every tensor."""
+        return _map_rows(self, lambda x: x[index])
+
+    def split(self, n: int) -> list[Sequences]:
+        """n contiguous shards whose sizes differ by at most one."""
+        return _split_rows(self, n)
+
+    def chunks(self, size: int) -> list[Sequences]:
+        """Consecutive slices of at most `size` rows (micro-batches)."""
+        return _chunk_rows(self, size)
+
+    @staticmethod
+    def concat(parts: list[Sequences]) -> Sequences:
+        """Stack shards along B; shards must share P and T."""
+        if not parts:
+            raise ValueError("Sequences.concat needs at least one part")
+        return Sequences(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(Sequences)})
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """Everything a learner needs for one update, complete at construction.
+
+    sequences     the padded samples (`Sequences`)
+    old_logprobs  [B, T] float  the proximal policy's log-probs: the learners' own before the update (decoupled
+                                PPO), or the sampler's in bypass mode
+    advantages    [B, T] float
+    ref_logprobs  [B, T] float, or None when no KL term uses the reference model
+    """
+
+    sequences: Sequences
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def batch_size(self) -> int:
+        return self.sequences.batch_size
+
+    @property
+    def response_mask(self) -> torch.Tensor:
+        return self.sequences.response_mask
+
+    @property
+    def rollout_logprobs(self) -> torch.Tensor:
+        return self.sequences.rollout_logprobs
+
+    def validate(self) -> TrainBatch:
+        expected = tuple(self.sequences.response_mask.shape)
+        for name in ("old_logprobs", "advantages", "ref_logprobs"):
+            x = getattr(self, name)
+            if x is not None and tuple(x.shape) != expected:
+                raise ValueError(f"TrainBatch.{name} is {tuple(x.shape)}, expected {expected}")
+        return self
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        return self._map(lambda x: x.to(device))
+        return _map_rows(self, lambda x: x.to(device))
 
     def select(self, index: torch.Tensor | slice) -> TrainBatch:
         """Rows `index` of every tensor."""
-        return self._map(lambda x: x[index])
+        return _map_rows(self, lambda x: x[index])
 
     def split(self, n: int) -> list[TrainBatch]:
-        """n contiguous shards whose sizes differ by at most one (equal when n divides B)."""
-        if n <= 0 or n > self.batch_size:
-            raise ValueError(f"TrainBatch.split: cannot split a batch of {self.batch_size} into {n} non-empty shards")
-        bounds = [round(i * self.batch_size / n) for i in range(n + 1)]
-        return [self.select(slice(a, b)) for a, b in zip(bounds, bounds[1:])]
+        """n contiguous shards whose sizes differ by at most one."""
+        return _split_rows(self, n)
+
+    def chunks(self, size: int) -> list[TrainBatch]:
+        """Consecutive slices of at most `size` rows (micro-batches)."""
+        return _chunk_rows(self, size)
 
     def shard(self, n: int, mini_batch_size: int) -> list[TrainBatch]:
         """n data-parallel shards, mini-batch by mini-batch: shard k holds the k-th n-th of every consecutive
@@ -161,21 +279,17 @@ class TrainBatch:
         parts = [mini.split(n) for mini in self.chunks(mini_batch_size)]
         return [TrainBatch.concat([p[k] for p in parts]) for k in range(n)]
 
-    def chunks(self, size: int) -> list[TrainBatch]:
-        """Consecutive slices of at most `size` rows (micro-batches)."""
-        return [self.select(slice(i, i + size)) for i in range(0, self.batch_size, size)]
-
     @staticmethod
     def concat(parts: list[TrainBatch]) -> TrainBatch:
-        """Stack shards along B; shards must share P and T and the policy version."""
+        """Stack shards along B; every part has reference log-probs or none has."""
         if not parts:
             raise ValueError("TrainBatch.concat needs at least one part")
-        first = parts[0]
-        kwargs: dict[str, Any] = {}
-        for n in _BATCH_TENSORS:
-            xs = [getattr(p, n) for p in parts]
-            present = [x is not None for x in xs]
-            if any(present) and not all(present):
-                raise ValueError(f"TrainBatch.concat: {n} is set on some parts but not all")
-            kwargs[n] = torch.cat(xs) if all(present) else None
-        return TrainBatch(**kwargs, policy_version=first.policy_version).validate()
+        refs = [p.ref_logprobs for p in parts]
+        if any(r is None for r in refs) and not all(r is None for r in refs):
+            raise ValueError("TrainBatch.concat: ref_logprobs is set on some parts but not all")
+        return TrainBatch(
+            sequences=Sequences.concat([p.sequences for p in parts]),
+            old_logprobs=torch.cat([p.old_logprobs for p in parts]),
+            advantages=torch.cat([p.advantages for p in parts]),
+            ref_logprobs=None if refs[0] is None else torch.cat([r for r in refs if r is not None]),
+        )

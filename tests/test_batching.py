@@ -1,92 +1,122 @@
-"""Rollouts -> TrainBatch: padding layout, masks, and advantages placed on response tokens only."""
+"""Rollouts -> Sequences -> TrainBatch: padding layout, per-sample versions, advantages on response tokens only, and
+the stage types' row operations."""
+
+import dataclasses
 
 import pytest
 import torch
 
-from distrl.batching import assign_advantages, to_train_batch
+from distrl.batching import advantages, pad
 from distrl.config import AlgorithmConfig, KLConfig
-from distrl.types import Rollouts, TrainBatch
+from distrl.types import Rollouts, ScoredRollouts, Sequences, TrainBatch
 
 PAD = 0
 
 
-def rollouts() -> Rollouts:
+def rollouts(versions=(3, 3, 2, 2)) -> Rollouts:
     # Two prompts (lengths 2 and 3), two samples each; response lengths 1, 3, 0, 2.
     return Rollouts(
         prompt_ids=[[5, 6], [5, 6], [7, 8, 9], [7, 8, 9]],
         response_ids=[[11], [12, 13, 14], [], [15, 16]],
         rollout_logprobs=[[-0.1], [-0.2, -0.3, -0.4], [], [-0.5, -0.6]],
         response_texts=["a", "bcd", "", "ef"], finish_reasons=["stop", "length", "stop", "stop"],
-        group=[0, 0, 1, 1], policy_version=3,
+        group=[0, 0, 1, 1], policy_version=list(versions),
     ).validate()
 
 
+def train_batch(seqs: Sequences, adv: torch.Tensor | None = None) -> TrainBatch:
+    zeros = torch.zeros_like(seqs.rollout_logprobs)
+    return TrainBatch(seqs, old_logprobs=seqs.rollout_logprobs, advantages=zeros if adv is None else adv,
+                      ref_logprobs=None)
+
+
 def test_layout_left_pads_prompts_and_right_pads_responses():
-    b = to_train_batch(rollouts(), PAD)
-    assert b.prompt_len == 3 and b.response_len == 3 and b.policy_version == 3
-    assert b.input_ids[0].tolist() == [PAD, 5, 6, 11, PAD, PAD]
-    assert b.attention_mask[0].tolist() == [0, 1, 1, 1, 0, 0]
-    assert b.input_ids[1].tolist() == [PAD, 5, 6, 12, 13, 14]
-    assert b.attention_mask[2].tolist() == [1, 1, 1, 0, 0, 0]  # empty response: prompt only
-    assert b.response_mask.tolist() == [[1, 0, 0], [1, 1, 1], [0, 0, 0], [1, 1, 0]]
-    assert b.rollout_logprobs[3].tolist() == pytest.approx([-0.5, -0.6, 0.0])
+    s = pad(rollouts(), PAD)
+    assert s.prompt_len == 3 and s.response_len == 3
+    assert s.input_ids[0].tolist() == [PAD, 5, 6, 11, PAD, PAD]
+    assert s.attention_mask[0].tolist() == [0, 1, 1, 1, 0, 0]
+    assert s.input_ids[1].tolist() == [PAD, 5, 6, 12, 13, 14]
+    assert s.attention_mask[2].tolist() == [1, 1, 1, 0, 0, 0]  # empty response: prompt only
+    assert s.response_mask.tolist() == [[1, 0, 0], [1, 1, 1], [0, 0, 0], [1, 1, 0]]
+    assert s.rollout_logprobs[3].tolist() == pytest.approx([-0.5, -0.6, 0.0])
+    assert s.policy_version.tolist() == [3, 3, 2, 2]  # each sample keeps the version that generated it
 
 
 def test_grpo_advantages_broadcast_over_response_tokens():
-    b = to_train_batch(rollouts(), PAD)
+    s = pad(rollouts(), PAD)
     # Group 0 rewards (1, 0): mean 0.5, unbiased std 0.7071 -> A = +-0.7071; group 1 ties (2, 2) -> 0.
-    assign_advantages(b, torch.tensor([1.0, 0.0, 2.0, 2.0]), 2, AlgorithmConfig(advantage="grpo"), KLConfig())
+    adv, _ = advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), s.response_mask, s.rollout_logprobs, None, 2,
+                        AlgorithmConfig(advantage="grpo"), KLConfig())
     a = 0.5 / (2**0.5 / 2 + 1e-6)
-    assert b.advantages[0].tolist() == pytest.approx([a, 0, 0], abs=1e-5)
-    assert b.advantages[1].tolist() == pytest.approx([-a, -a, -a], abs=1e-5)
-    assert b.advantages[2:].abs().sum() == 0
+    assert adv[0].tolist() == pytest.approx([a, 0, 0], abs=1e-5)
+    assert adv[1].tolist() == pytest.approx([-a, -a, -a], abs=1e-5)
+    assert adv[2:].abs().sum() == 0
 
 
 def test_kl_in_reward_is_subtracted_from_the_score_before_the_estimator():
-    b = to_train_batch(rollouts(), PAD)
+    s = pad(rollouts(), PAD)
     # KL of the policy that sampled (the learner's old log-probs, not vLLM's): x = old - ref = 1 on every response
     # token, while rollout - ref would be 1.5.
-    b.old_logprobs = b.rollout_logprobs - 0.5 * b.response_mask
-    b.ref_logprobs = b.rollout_logprobs - 1.5 * b.response_mask
-    metrics = assign_advantages(b, torch.tensor([1.0, 0.0, 2.0, 2.0]), 2, AlgorithmConfig(advantage="dr_grpo"),
-                                KLConfig(coef=0.1, estimator="k1", target="reward"))
+    old = s.rollout_logprobs - 0.5 * s.response_mask
+    ref = s.rollout_logprobs - 1.5 * s.response_mask
+    adv, metrics = advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), s.response_mask, old, ref, 2,
+                              AlgorithmConfig(advantage="dr_grpo"), KLConfig(coef=0.1, estimator="k1", target="reward"))
     # Scores r - 0.1 * sum_t kl_t, response lengths 1, 3, 0, 2: [0.9, -0.3, 2.0, 1.8].
     # Dr. GRPO subtracts group means (0.3 and 1.9): [0.6, -0.6, 0.1, -0.1], broadcast over response tokens.
-    assert b.advantages[0].tolist() == pytest.approx([0.6, 0, 0], abs=1e-6)
-    assert b.advantages[1].tolist() == pytest.approx([-0.6] * 3, abs=1e-6)
-    assert b.advantages[3].tolist() == pytest.approx([-0.1, -0.1, 0], abs=1e-6)
+    assert adv[0].tolist() == pytest.approx([0.6, 0, 0], abs=1e-6)
+    assert adv[1].tolist() == pytest.approx([-0.6] * 3, abs=1e-6)
+    assert adv[3].tolist() == pytest.approx([-0.1, -0.1, 0], abs=1e-6)
     assert metrics["kl/in_reward"] == pytest.approx(1.0)
 
 
-def test_kl_in_reward_needs_old_and_reference_logprobs():
-    b = to_train_batch(rollouts(), PAD)
-    b.ref_logprobs = b.rollout_logprobs
-    with pytest.raises(ValueError, match="old log-probs"):
-        assign_advantages(b, torch.zeros(4), 2, AlgorithmConfig(), KLConfig(coef=0.1, target="reward"))
+def test_kl_in_reward_needs_reference_logprobs():
+    s = pad(rollouts(), PAD)
+    with pytest.raises(ValueError, match="reference log-probs"):
+        advantages(torch.zeros(4), s.response_mask, s.rollout_logprobs, None, 2, AlgorithmConfig(),
+                   KLConfig(coef=0.1, target="reward"))
 
 
 def test_shard_gives_each_learner_its_part_of_every_mini_batch():
-    b = to_train_batch(Rollouts.concat([rollouts(), rollouts()]), PAD)  # rows 0..7
-    b.advantages = torch.arange(8.0)[:, None].expand(8, b.response_len).clone()  # row index as a tag
+    s = pad(Rollouts.concat([rollouts(), rollouts()]), PAD)  # rows 0..7
+    b = train_batch(s, torch.arange(8.0)[:, None].expand(8, s.response_len).clone())  # row index as a tag
     shards = b.shard(2, mini_batch_size=4)
     # mini-batches [0..3] and [4..7]; learner 0 takes [0, 1] of each, learner 1 takes [2, 3] of each
-    assert [s.advantages[:, 0].tolist() for s in shards] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [sh.advantages[:, 0].tolist() for sh in shards] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [sh.sequences.policy_version.tolist() for sh in shards] == [[3, 3, 3, 3], [2, 2, 2, 2]]
     with pytest.raises(ValueError, match="mini-batches of 3"):
         b.shard(2, mini_batch_size=3)
 
 
 def test_split_and_concat_round_trip():
-    b = to_train_batch(rollouts(), PAD)
+    b = train_batch(pad(rollouts(), PAD))
     parts = b.split(3)
     assert [p.batch_size for p in parts] == [1, 2, 1]
     again = TrainBatch.concat(parts)
-    assert torch.equal(again.input_ids, b.input_ids) and torch.equal(again.response_mask, b.response_mask)
+    assert torch.equal(again.sequences.input_ids, b.sequences.input_ids)
+    assert torch.equal(again.response_mask, b.response_mask) and again.ref_logprobs is None
     with pytest.raises(ValueError, match="non-empty shards"):
         b.split(5)
 
 
-def test_concat_refuses_mixed_versions():
-    r = rollouts()
-    other = Rollouts(**{**r.__dict__, "policy_version": 4})
-    with pytest.raises(ValueError, match="different policy versions"):
-        Rollouts.concat([r, other])
+def test_stage_types_are_complete_and_immutable():
+    s = pad(rollouts(), PAD)
+    with pytest.raises(ValueError, match=r"TrainBatch.advantages is \(4, 2\), expected \(4, 3\)"):
+        TrainBatch(s, old_logprobs=s.rollout_logprobs, advantages=torch.zeros(4, 2), ref_logprobs=None)
+    with pytest.raises(ValueError, match=r"Sequences.policy_version is \(3,\), expected \(4,\)"):
+        dataclasses.replace(s, policy_version=torch.zeros(3, dtype=torch.long))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        train_batch(s).advantages = torch.zeros(4, 3)  # type: ignore[misc]
+
+
+def test_concat_joins_parts_of_different_versions():
+    joined = Rollouts.concat([rollouts((1, 1, 1, 1)), rollouts((2, 2, 2, 2))])
+    assert joined.policy_version == [1] * 4 + [2] * 4 and len(joined) == 8
+
+
+def test_scored_rollouts_split_into_groups_by_ticket():
+    r = Rollouts.concat([rollouts(), dataclasses.replace(rollouts(), group=[7, 7, 9, 9])])
+    groups = ScoredRollouts(r, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], reward_errors=1).validate().groups()
+    assert [g.rollouts.group for g in groups] == [[0, 0], [1, 1], [7, 7], [9, 9]]
+    assert [g.rewards for g in groups] == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]]
+    assert sum(g.reward_errors for g in groups) == 1
+    assert ScoredRollouts.concat(groups).rewards == [float(i) for i in range(1, 9)]

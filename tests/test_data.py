@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from distrl.config import DataConfig
-from distrl.data import DataError, PromptIterator, load_prompts
+from distrl.data import DataError, PromptStream, load_prompts
 from distrl.tasks.toy import write_toy_dataset
 from distrl.types import Prompt
 
@@ -192,57 +192,59 @@ def test_data_module_does_not_import_torch_or_transformers():
     assert out.strip() == "[]"
 
 
-# ------------------------------------------------------------------------------------------------------- iterator
+# --------------------------------------------------------------------------------------------------------- stream
 def make_prompts(n: int) -> list[Prompt]:
     return [Prompt(index=i, text=str(i), prompt_ids=[i]) for i in range(n)]
 
 
-def take(it: PromptIterator, batches: int) -> list[list[int]]:
-    return [[p.index for p in next(it)] for _ in range(batches)]
+def take(stream: PromptStream, n: int) -> list[int]:
+    return [p.index for _, p in stream.take(n)]
 
 
-def test_iterator_is_deterministic_per_seed():
+def test_stream_is_deterministic_per_seed():
     prompts = make_prompts(10)
-    assert take(PromptIterator(prompts, 4, seed=3), 6) == take(PromptIterator(prompts, 4, seed=3), 6)
-    assert take(PromptIterator(prompts, 4, seed=3), 6) != take(PromptIterator(prompts, 4, seed=4), 6)
+    assert take(PromptStream(prompts, seed=3), 24) == take(PromptStream(prompts, seed=3), 24)
+    assert take(PromptStream(prompts, seed=3), 24) != take(PromptStream(prompts, seed=4), 24)
 
 
 def test_each_epoch_is_a_fresh_permutation():
-    it = PromptIterator(make_prompts(12), 4, seed=0)
-    epochs = [sum(take(it, 3), []) for _ in range(3)]
+    stream = PromptStream(make_prompts(12), seed=0)
+    epochs = [take(stream, 12) for _ in range(3)]
     assert all(sorted(e) == list(range(12)) for e in epochs)
     assert epochs[0] != list(range(12)) and len({tuple(e) for e in epochs}) == 3
-    assert it.epoch == 2
+    assert stream.epoch_of(35) == 2
 
 
-def test_batches_straddle_epochs_and_track_the_epoch():
-    it = PromptIterator(make_prompts(5), 3, shuffle=False)
-    assert take(it, 1) == [[0, 1, 2]] and it.epoch == 0
-    assert take(it, 1) == [[3, 4, 0]] and it.epoch == 1  # two from epoch 0, then epoch 1 begins
-    assert take(it, 2) == [[1, 2, 3], [4, 0, 1]] and it.epoch == 2
-    big = PromptIterator(make_prompts(2), 5, shuffle=False)  # a batch larger than the dataset
-    assert take(big, 1) == [[0, 1, 0, 1, 0]] and big.epoch == 2
+def test_tickets_number_the_stream_across_epochs():
+    stream = PromptStream(make_prompts(5), shuffle=False)
+    assert [(t, p.index) for t, p in stream.take(7)] == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 0), (6, 1)]
+    assert stream.prompt(12).index == 2 and stream.epoch_of(12) == 2
 
 
-def test_resume_continues_with_the_same_batches():
+def test_resume_serves_exactly_the_drawn_but_unconsumed_prompts():
     prompts = make_prompts(7)
-    original = PromptIterator(prompts, 3, seed=11)
-    take(original, 4)  # 12 prompts: into the second epoch
-    state = original.state_dict()
-    assert state == {"epoch": 1, "position": 5, "num_prompts": 7}
-    resumed = PromptIterator(prompts, 3, seed=11)
-    resumed.load_state_dict(json.loads(json.dumps(state)))  # as a checkpoint would store it
-    assert take(resumed, 6) == take(original, 6)
-    assert resumed.epoch == original.epoch
+    original = PromptStream(prompts, seed=11)
+    drawn = original.take(12)  # into the second epoch
+    # Trained out of order, as the asynchronous mode does: tickets 0-4, 6 and 9; 5, 7, 8, 10, 11 still in flight.
+    original.consume([0, 1, 2, 3, 4, 6, 9])
+    state = json.loads(json.dumps(original.state_dict()))  # as a checkpoint stores it
+    assert state == {"next": 5, "consumed": [6, 9], "num_prompts": 7}
+    resumed = PromptStream(prompts, seed=11)
+    resumed.load_state_dict(state)
+    again = resumed.take(5)
+    assert [t for t, _ in again] == [5, 7, 8, 10, 11]
+    assert [p for _, p in again] == [p for t, p in drawn if t in (5, 7, 8, 10, 11)]
+    fresh = PromptStream(prompts, seed=11)
+    fresh.take(12)
+    assert [(t, p.index) for t, p in resumed.take(6)] == [(t, p.index) for t, p in fresh.take(6)]
 
 
 def test_resume_refuses_a_different_dataset():
-    state = PromptIterator(make_prompts(7), 3).state_dict()
+    state = PromptStream(make_prompts(7)).state_dict()
     with pytest.raises(ValueError, match="checkpoint saw 7 prompts, the dataset now has 8"):
-        PromptIterator(make_prompts(8), 3).load_state_dict(state)
+        PromptStream(make_prompts(8)).load_state_dict(state)
 
 
-@pytest.mark.parametrize("prompts, batch_size", [([], 2), (make_prompts(3), 0)])
-def test_iterator_rejects_bad_arguments(prompts, batch_size):
+def test_stream_needs_prompts():
     with pytest.raises(ValueError):
-        PromptIterator(prompts, batch_size)
+        PromptStream([])

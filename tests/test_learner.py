@@ -1,11 +1,13 @@
 """The learner in local mode (plain class, no Ray): micro-batching is exact, steps move the policy the way the
 advantages say, and non-finite steps are skipped then stop the run."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from distrl.config import CorrectionConfig, LearnerConfig, LossConfig, ModelConfig
-from distrl.types import TrainBatch
+from distrl.types import Sequences, TrainBatch
 from distrl.workers.learner import Learner, NonFiniteError
 
 
@@ -25,14 +27,14 @@ def batch(advantage: float = 1.0) -> TrainBatch:
     mask[4:, 4:] = 0  # shorter responses
     attention[4:, p + 4 :] = 0
     adv = torch.linspace(-1, 1, b)[:, None].expand(b, t) * advantage
-    return TrainBatch(input_ids=ids, attention_mask=attention, response_mask=mask, advantages=adv.contiguous(),
-                      rollout_logprobs=torch.zeros(b, t)).validate()
+    seqs = Sequences(input_ids=ids, attention_mask=attention, response_mask=mask, rollout_logprobs=torch.zeros(b, t),
+                     policy_version=torch.zeros(b, dtype=torch.long))
+    return TrainBatch(seqs, old_logprobs=torch.zeros(b, t), advantages=adv.contiguous(), ref_logprobs=None)
 
 
 def scored(learner: Learner, data: TrainBatch) -> TrainBatch:
-    """`data` with the learner's own log-probs as old_logprobs, as the driver sets them before an update."""
-    data.old_logprobs = learner.logprobs(data)
-    return data
+    """`data` with the learner's own log-probs as old_logprobs, as the driver builds it before an update."""
+    return replace(data, old_logprobs=learner.logprobs(data.sequences))
 
 
 def weights(learner: Learner) -> dict[str, torch.Tensor]:
@@ -70,10 +72,10 @@ def test_metrics_are_token_means_over_the_whole_batch(tiny_model_dir):
 def test_update_raises_logprobs_of_positive_advantage_samples(tiny_model_dir):
     learner = make_learner(tiny_model_dir, lr=1e-3)
     data = batch()
-    before = learner.logprobs(data)
+    before = learner.logprobs(data.sequences)
     for _ in range(3):
         metrics = learner.update(scored(learner, data))
-    delta = ((learner.logprobs(data) - before) * data.response_mask).sum(-1)
+    delta = ((learner.logprobs(data.sequences) - before) * data.response_mask).sum(-1)
     assert delta[-1] > 0 > delta[0]  # advantages run from -1 (row 0) to +1 (row 7)
     assert metrics["learner/optimizer_steps"] == 3 and metrics["learner/skipped_steps"] == 0
     assert {"loss/policy", "clip_frac", "ppo_kl", "learner/grad_norm", "learner/lr"} <= metrics.keys()
@@ -88,7 +90,3 @@ def test_non_finite_steps_are_skipped_then_stop(tiny_model_dir):
     with pytest.raises(NonFiniteError, match="2 consecutive optimizer steps"):
         learner.update(scored(learner, batch(advantage=float("nan"))))
 
-
-def test_update_refuses_a_batch_without_old_logprobs(tiny_model_dir):
-    with pytest.raises(ValueError, match="old_logprobs"):
-        make_learner(tiny_model_dir).update(batch())

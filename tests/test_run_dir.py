@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from distrl import config
-from distrl.cluster.generation import reward_sample
+from distrl.cluster.producer import reward_sample
 from distrl.cluster.roles import engine_seed
 from distrl.run_dir import RunDir
-from distrl.types import Prompt, Rollouts
+from distrl.types import Prompt, Rollouts, ScoredRollouts
 from distrl.workers.learner import merge_metrics
 
 
@@ -74,13 +74,15 @@ def test_step_times_add_up_and_overhead_is_what_the_driver_did_itself(tmp_path, 
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
     run = RunDir(cfg(tmp_path))
     rollouts = Rollouts(prompt_ids=[[1], [1]], response_ids=[[2, 3], [4]], rollout_logprobs=[[0.0, 0.0], [0.0]],
-                        response_texts=["a", "b"], finish_reasons=["stop", "length"], group=[0, 0], policy_version=0)
+                        response_texts=["a", "b"], finish_reasons=["stop", "length"], group=[0, 0],
+                        policy_version=[0, 0])
+    scored = ScoredRollouts(rollouts, [1.0, 0.0])
     sync, stats = SimpleNamespace(bytes=8, bytes_per_s=4.0), SimpleNamespace(dropped=0)
     rows = []
     for step in run.progress(range(1, 3)):
         now[0] += 2.0  # a step: waits for actors 1.5 s, advantages 0.1 s, 0.4 s of other driver work
         times = {"time/generate": 1.0, "time/update": 0.5, "time/advantages": 0.1}
-        rows.append(run.step_metrics(step, rollouts, [1.0, 0.0], 0, {}, {}, sync, times, stats))
+        rows.append(run.step_metrics(step, scored, {}, sync, times, stats))
         now[0] += 0.25  # logging step k: charged to step k+1
     run.close()
     assert [r["time/step"] for r in rows] == [2.0, 2.25]

@@ -5,7 +5,7 @@ Imports torch and `distrl.config` section classes only: no I/O, no logging, no R
 """
 
 from distrl.algo.advantages import gae, group_advantages, token_advantages
-from distrl.algo.correction import mismatch_metrics, rollout_correction, weight_metrics
+from distrl.algo.correction import metrics_by_staleness, mismatch_metrics, rollout_correction, weight_metrics
 from distrl.algo.kl import kl_estimate
 from distrl.algo.logprobs import entropy_from_logits, token_logprobs
 from distrl.algo.loss import LossInputs, LossOutput, compute_loss
@@ -26,6 +26,7 @@ __all__ = [
     "kl_estimate",
     "masked_mean",
     "masked_sum",
+    "metrics_by_staleness",
     "mismatch_metrics",
     "policy_term",
     "ppo_log_ratio",

@@ -84,3 +84,27 @@ def weight_metrics(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, torch
     w_max = torch.where(valid, weights, -torch.inf).amax()
     return {"is_weight_mean": total / n.clamp(min=1), "is_weight_min": torch.where(any_valid, w_min, 0.0),
             "is_weight_max": torch.where(any_valid, w_max, 0.0), "is_ess": ess}
+
+
+STALENESS_BUCKETS = (("0", 0, 0), ("1", 1, 1), ("2+", 2, None))
+"""(name, lowest, highest or None) of the staleness buckets that correction metrics are split by."""
+
+
+def metrics_by_staleness(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
+                         staleness: torch.Tensor, cfg: CorrectionConfig | None) -> dict[str, dict[str, torch.Tensor]]:
+    """The mismatch and IS-weight metrics of `rollout_correction` (only the mismatch ones without a correction)
+    over the samples of each staleness bucket (`staleness` `[B]`: update version minus generating version),
+    keyed by bucket name; buckets without a valid token are left out. Old log-probs, rollout log-probs, mask:
+    `[B, T]`. In the asynchronous mode the behaviour policy of a stale sample is older weights, so the weights
+    then correct staleness as well as precision; splitting them shows how much of each."""
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for name, low, high in STALENESS_BUCKETS:
+        rows = (staleness >= low) & (staleness <= high if high is not None else True)
+        bucket_mask = valid_of(mask) & rows[:, None]
+        if not bucket_mask.any():
+            continue
+        if cfg is None:
+            out[name] = mismatch_metrics(old_logprobs, rollout_logprobs, bucket_mask)
+        else:
+            out[name] = rollout_correction(old_logprobs, rollout_logprobs, bucket_mask, cfg)[1]
+    return out

@@ -1,10 +1,11 @@
-"""Reward scoring in Ray tasks, so a slow reward function never blocks the driver or the rollout actors."""
+"""Reward scoring in tasks (Ray tasks, or plain calls on the local backend), so a slow reward function never
+blocks the driver or the rollout actors."""
 
 from __future__ import annotations
 
-import ray
-from ray.exceptions import RayTaskError
+from typing import Any
 
+from distrl.cluster.backend import Backend
 from distrl.config import RewardConfig
 from distrl.workers.rewards import RewardError, score_batch
 
@@ -12,20 +13,15 @@ Item = tuple[str, str, dict]
 """(prompt text, completion text, dataset row)."""
 
 
-@ray.remote
-def _score(spec: str, items: list[Item], on_error: str, first_index: int) -> tuple[list[float], int]:
-    return score_batch(spec, items, on_error, first_index)
-
-
-def submit(cfg: RewardConfig, items: list[Item], first_index: int = 0) -> list[ray.ObjectRef]:
+def submit(backend: Backend, cfg: RewardConfig, items: list[Item], first_index: int = 0) -> list[Any]:
     """Start scoring `items` (rows `first_index`... of the step's batch, for error messages) in tasks of
-    `cfg.batch_per_task` samples; returns their refs in order."""
-    task = _score.options(num_cpus=cfg.num_cpus, max_retries=0)
-    return [task.remote(cfg.function, items[i : i + cfg.batch_per_task], cfg.on_error, first_index + i)
+    `cfg.batch_per_task` samples; returns their handles in order."""
+    return [backend.task(score_batch, cfg.function, items[i : i + cfg.batch_per_task], cfg.on_error,
+                         first_index + i, num_cpus=cfg.num_cpus)
             for i in range(0, len(items), cfg.batch_per_task)]
 
 
-def collect(refs: list[ray.ObjectRef]) -> tuple[list[float], int]:
+def collect(backend: Backend, handles: list[Any]) -> tuple[list[float], int]:
     """(rewards in submission order, number of samples whose reward function raised and were scored 0).
 
     Every task is awaited before an error is raised, so no failed task is left unretrieved (Ray would log each
@@ -33,17 +29,18 @@ def collect(refs: list[ray.ObjectRef]) -> tuple[list[float], int]:
     (Ray does not carry `__cause__` across processes)."""
     rewards: list[float] = []
     errors = 0
-    failure: RayTaskError | None = None
-    for ref in refs:
+    failure: Exception | None = None
+    for handle in handles:
         try:
-            scores, n_errors = ray.get(ref)
-        except RayTaskError as err:
+            scores, n_errors = backend.get(handle)
+        except Exception as err:  # noqa: BLE001 - kept and raised once every task is retrieved
             failure = failure or err
             continue
         rewards += scores
         errors += n_errors
     if failure is None:
         return rewards, errors
-    if isinstance(failure.cause, RewardError):
-        raise RewardError(f"{failure.cause.args[0]}\n\nremote traceback:\n{failure}") from None
+    cause = getattr(failure, "cause", failure)  # a Ray task error wraps the exception the task raised
+    if isinstance(cause, RewardError) and cause is not failure:
+        raise RewardError(f"{cause.args[0]}\n\nremote traceback:\n{failure}") from None
     raise failure

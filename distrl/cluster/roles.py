@@ -11,10 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import ray
-
-from distrl.cluster.group import ActorGroup
-from distrl.cluster.placement import place, release
+from distrl.cluster.backend import Backend
+from distrl.cluster.group import ActorGroup, RayGroup
 from distrl.cluster.weight_sync import WeightSync, make_weight_sync
 from distrl.config import Config, RoleResources
 from distrl.workers.learner import Learner
@@ -24,6 +22,7 @@ from distrl.workers.rollout import ENGINE_ENV, RolloutWorker
 
 @dataclass
 class Roles:
+    backend: Backend
     rollout: ActorGroup[RolloutWorker]
     learner: ActorGroup[Learner]
     reference: ActorGroup[ReferenceWorker] | None
@@ -41,22 +40,24 @@ def total_optimizer_steps(cfg: Config) -> int:
 
 
 @contextmanager
-def started_roles(cfg: Config, first_step: int = 1) -> Iterator[Roles]:
-    """Place and start every role, connect the learners' process group, set up the weight sync; on exit (or if
-    any of that fails halfway) kill every actor started and release the placement groups. `first_step` shifts the
-    engines' seeds so that a resumed run does not replay the sampling randomness of its first steps."""
+def started_roles(cfg: Config, backend: Backend, first_step: int = 1,
+                  rollout_worker: type = RolloutWorker) -> Iterator[Roles]:
+    """Place and start every role on `backend`, connect the learners' process group, set up the weight sync; on
+    exit (or if any of that fails halfway) kill every actor started and release the placement groups.
+    `first_step` shifts the engines' seeds so that a resumed run does not replay the sampling randomness of its
+    first steps. `rollout_worker` is the engine class (tests of the loop pass one that samples with HF)."""
     c = cfg.cluster
     demands = {"rollout": c.rollout, "learner": c.learner}
     if cfg.needs_reference:
         demands["reference"] = c.reference
-    placements = place(demands, colocate=c.colocate, run_name=cfg.run.name)
+    placements = backend.place(demands, colocate=c.colocate, run_name=cfg.run.name)
     groups: list[ActorGroup] = []
     try:
-        yield _start(cfg, placements, groups, first_step)
+        yield _start(cfg, backend, placements, groups, first_step, rollout_worker)
     finally:
         for group in groups:
             group.kill()
-        release(placements)
+        backend.release(placements)
 
 
 def engine_seed(cfg: Config, first_step: int) -> int:
@@ -67,18 +68,19 @@ def engine_seed(cfg: Config, first_step: int) -> int:
     return base + 7919 * (first_step - 1)
 
 
-def _start(cfg: Config, placements: dict, groups: list[ActorGroup], first_step: int) -> Roles:
+def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGroup], first_step: int,
+           rollout_worker: type) -> Roles:
     c, name = cfg.cluster, cfg.run.name
     temperature = cfg.rollout.sampling.temperature
     rollout_seed = engine_seed(cfg, first_step)
-    rollout = ActorGroup.create(
-        RolloutWorker, "rollout", c.rollout, placements["rollout"], run_name=name,
+    rollout = backend.group(
+        rollout_worker, "rollout", c.rollout, placements["rollout"], run_name=name,
         env=_env(c.rollout, cfg, ENGINE_ENV),
         # Distinct seeds: engines with the same seed draw identical samples.
         init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.data.max_prompt_tokens,
                                                        seed=rollout_seed + i)))
     groups.append(rollout)
-    learner = ActorGroup.create(
+    learner = backend.group(
         Learner, "learner", c.learner, placements["learner"], run_name=name, env=_env(c.learner, cfg),
         init=lambda i: ((cfg.model, cfg.learner, cfg.loss), dict(
             temperature=temperature, norm_len=cfg.loss.norm_len or cfg.rollout.sampling.max_new_tokens,
@@ -86,13 +88,14 @@ def _start(cfg: Config, placements: dict, groups: list[ActorGroup], first_step: 
     groups.append(learner)
     reference = None
     if cfg.needs_reference:
-        reference = ActorGroup.create(
+        reference = backend.group(
             ReferenceWorker, "reference", c.reference, placements["reference"], run_name=name,
             env=_env(c.reference, cfg), init=lambda i: ((cfg.reference, cfg.model), dict(temperature=temperature)))
         groups.append(reference)
-    host = learner.node_ip(0)
-    port = ray.get(learner.call(0, Learner.free_port, host))
-    ray.get([learner.call(i, Learner.connect, host, port, i, len(learner)) for i in range(len(learner))])
+    if isinstance(learner, RayGroup):  # the local backend holds one learner, which needs no process group
+        host = learner.node_ip(0)
+        port = backend.get(learner.call(0, Learner.free_port, host))
+        backend.get([learner.call(i, Learner.connect, host, port, i, len(learner)) for i in range(len(learner))])
     gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
     sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes, gpus)
-    return Roles(rollout, learner, reference, sync)
+    return Roles(backend, rollout, learner, reference, sync)

@@ -12,10 +12,11 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-import ray
+from typing import Any
+
 import torch
 
-from distrl.cluster.group import ActorGroup
+from distrl.cluster.group import ActorGroup, RayGroup
 from distrl.workers.learner import Learner
 from distrl.workers.model import DTYPES
 from distrl.workers.rollout import RolloutWorker
@@ -31,31 +32,49 @@ class SyncStats:
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass
+class PendingSync:
+    """A push in flight: one handle per engine, resolving to the version it serves once loaded."""
+
+    version: int
+    handles: list[Any]
+    started: float
+
+
 class WeightSync(ABC):
-    """Pushes learner 0's weights into every rollout engine; `push` returns when all engines serve `version`."""
+    """Pushes learner 0's weights into every rollout engine. `push` returns when all engines serve `version`;
+    `start` returns at once: each engine loads the weights after the call it is running (actors take one call at
+    a time, in submission order), so it switches versions between two generation chunks."""
 
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
                  bucket_bytes: int):
         self.learners, self.rollouts = learners, rollouts
         self.dtype = dtype
-        self.specs = ray.get(learners.call(0, Learner.weight_specs, bucket_bytes, dtype))
+        self.backend = learners.backend
+        self.specs = self.backend.get(learners.call(0, Learner.weight_specs, bucket_bytes, dtype))
         item = torch.empty((), dtype=DTYPES[dtype]).element_size()
         self.total_bytes = item * sum(math.prod(shape) for spec in self.specs for _, shape in spec)
 
     def push(self, version: int) -> SyncStats:
-        start = time.perf_counter()
-        versions = ray.get(self._transfer(version))
-        if set(versions) != {version}:
-            raise RuntimeError(f"weight sync: rollout actors report versions {versions}, expected {version}")
-        return SyncStats(time.perf_counter() - start, self.total_bytes)
+        return self.finish(self.start(version))
+
+    def start(self, version: int) -> PendingSync:
+        return PendingSync(version, self._transfer(version), time.perf_counter())
+
+    def finish(self, pending: PendingSync) -> SyncStats:
+        """Wait until every engine serves `pending.version`; the stats time the push from its start."""
+        versions = self.backend.get(pending.handles)
+        if set(versions) != {pending.version}:
+            raise RuntimeError(f"weight sync: rollout actors report versions {versions}, expected {pending.version}")
+        return SyncStats(time.perf_counter() - pending.started, self.total_bytes)
 
     @abstractmethod
-    def _transfer(self, version: int) -> list[ray.ObjectRef]:
+    def _transfer(self, version: int) -> list[Any]:
         """Start the transfer; returns one ref per rollout actor resolving to the version it now serves."""
 
 
 class ObjectStoreSync(WeightSync):
-    def _transfer(self, version: int) -> list[ray.ObjectRef]:
+    def _transfer(self, version: int) -> list[Any]:
         # Top-level ObjectRef arguments are resolved by Ray before the call: each bucket object is created once by
         # learner 0 and read from shared memory by every rollout actor on the node.
         buckets = [self.learners.call(0, Learner.weight_bucket, spec, self.dtype) for spec in self.specs]
@@ -66,17 +85,18 @@ class NcclSync(WeightSync):
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
                  bucket_bytes: int):
         super().__init__(learners, rollouts, dtype, bucket_bytes)
+        assert isinstance(learners, RayGroup), "NCCL weight sync needs Ray actors on GPUs"
         host = learners.node_ip(0)
-        port = ray.get(learners.call(0, Learner.free_port, host))
+        port = self.backend.get(learners.call(0, Learner.free_port, host))
         world = len(rollouts) + 1
-        ray.get([learners.call(0, Learner.nccl_connect, host, port, world),
+        self.backend.get([learners.call(0, Learner.nccl_connect, host, port, world),
                  *[rollouts.call(i, RolloutWorker.nccl_connect, host, port, i + 1, world)
                    for i in range(len(rollouts))]])
 
-    def _transfer(self, version: int) -> list[ray.ObjectRef]:
+    def _transfer(self, version: int) -> list[Any]:
         sent = self.learners.call(0, Learner.nccl_send, self.specs, self.dtype)
         received = self.rollouts.map(RolloutWorker.nccl_receive, version, self.specs, self.dtype)
-        ray.get(sent)
+        self.backend.get(sent)
         return received
 
 

@@ -16,7 +16,7 @@ import torch
 
 from distrl.algo import LossInputs, compute_loss
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
-from distrl.types import TrainBatch
+from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist, nccl
 from distrl.workers.model import DTYPES, load_causal_lm, response_logprobs, score_in_micro_batches
 from distrl.workers.optim import build_optimizer
@@ -85,14 +85,14 @@ class Learner:
         return dist.init_process_group(master_addr, master_port, rank, world_size)
 
     # ------------------------------------------------------------------------------------------------- scoring
-    def logprobs(self, batch: TrainBatch, temperature: float | None = None) -> torch.Tensor:
+    def logprobs(self, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:
         """Current-policy log-probs of the response tokens, no gradient: `[B, T]` float32 on CPU. Called before
         `update` they are the old log-probs of decoupled PPO. `temperature` defaults to the sampling temperature
         (1.0 gives the raw model log-probs, e.g. to compare with vLLM's prompt log-probs)."""
         self.model.eval()
         try:
             with self._autocast:
-                return score_in_micro_batches(self.model, batch.to(self.device),
+                return score_in_micro_batches(self.model, sequences.to(self.device),
                                               self.temperature if temperature is None else temperature,
                                               self.cfg.micro_batch_size)
         finally:
@@ -101,12 +101,9 @@ class Learner:
     # ------------------------------------------------------------------------------------------------ training
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """PPO epochs over this learner's shard (`TrainBatch.shard`: its j-th chunk of mini_batch_size / M rows
-        is its part of global mini-batch j), which carries `old_logprobs`. Returns metrics merged over micro- and
+        is its part of global mini-batch j). Returns metrics merged over micro- and
         mini-batches by `merge_metrics_lists` (loss terms are first summed over a mini-batch's micro-batches and
         learners, giving each optimizer step's loss)."""
-        if batch.old_logprobs is None:
-            raise ValueError("Learner.update needs batch.old_logprobs: the learners' own log-probs before the "
-                             "update (Learner.logprobs), or the rollout log-probs in bypass mode")
         batch = batch.to(self.device)
         local_mini = self.global_mini_batch_size // dist.world_size()
         per_mini: dict[str, list[float]] = defaultdict(list)
@@ -133,7 +130,7 @@ class Learner:
         nonfinite_loss = 0.0
         for micro in mini.chunks(self.cfg.micro_batch_size):
             with self._autocast:
-                logprobs, entropy = response_logprobs(self.model, micro, self.temperature,
+                logprobs, entropy = response_logprobs(self.model, micro.sequences, self.temperature,
                                                       with_entropy=self.loss_cfg.entropy_coef > 0)
             out = compute_loss(
                 LossInputs(logprobs=logprobs, old_logprobs=micro.old_logprobs, advantages=micro.advantages,

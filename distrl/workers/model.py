@@ -1,6 +1,6 @@
 """Loading the policy / reference model and tokenizer with transformers, and the one forward pass both score with.
 
-The forward pass returns the log-probs of the response tokens of a `TrainBatch` after temperature scaling (the
+The forward pass returns the log-probs of the response tokens of `Sequences` after temperature scaling (the
 same scaling vLLM applied when sampling), computed by `distrl.algo.token_logprobs` so the `[B, T, V]` float32
 log-softmax is never materialised.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from distrl.config import ModelConfig
-from distrl.types import TrainBatch
+from distrl.types import Sequences
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -53,7 +53,7 @@ def load_causal_lm(cfg: ModelConfig, dtype: str, path: str | None = None, device
     return model.to(device).eval()
 
 
-def response_logprobs(model, batch: TrainBatch, temperature: float, with_entropy: bool = False):
+def response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False):
     """Log-probs of the response tokens under `model`: `[B, T]` float32 (and entropies `[B, T]` if asked).
 
     Positions are counted from the first real token, so left padding of the prompt does not shift them.
@@ -77,7 +77,7 @@ def response_logprobs(model, batch: TrainBatch, temperature: float, with_entropy
 
 
 @torch.no_grad()
-def score_in_micro_batches(model, batch: TrainBatch, temperature: float, micro_batch_size: int) -> torch.Tensor:
+def score_in_micro_batches(model, batch: Sequences, temperature: float, micro_batch_size: int) -> torch.Tensor:
     """`response_logprobs` without gradients over micro-batches: `[B, T]` float32 on CPU, 0 on padding."""
     out = [response_logprobs(model, mb, temperature)[0] for mb in batch.chunks(micro_batch_size)]
     return (torch.cat(out) * batch.response_mask).cpu()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from distrl.config import ModelConfig, ReferenceConfig
-from distrl.types import TrainBatch
+from distrl.types import Sequences
 from distrl.workers.model import load_causal_lm, score_in_micro_batches
 
 
@@ -19,5 +19,5 @@ class ReferenceWorker:
         self.model = load_causal_lm(model, cfg.dtype, path=cfg.path, device=device).requires_grad_(False)
         self.device = device
 
-    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        return score_in_micro_batches(self.model, batch.to(self.device), self.temperature, self.cfg.micro_batch_size)
+    def logprobs(self, sequences: Sequences) -> torch.Tensor:
+        return score_in_micro_batches(self.model, sequences.to(self.device), self.temperature, self.cfg.micro_batch_size)

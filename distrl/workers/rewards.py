@@ -66,7 +66,7 @@ def _as_reward(value: object) -> float:
 def score_batch(spec: str, items: list[tuple[str, str, dict]], on_error: Literal["raise", "zero"] = "raise",
                 first_index: int = 0) -> tuple[list[float], int]:
     """Score `(prompt, completion, sample)` items with the function `spec` names; errors call item i
-    "sample first_index + i" (its row in the step's batch).
+    "sample first_index + i" (the driver numbers a run's samples prompt ticket x n + j).
 
     Returns (one reward per item, number of items whose function failed). A failure is an exception or a
     non-finite / non-numeric return value: with `on_error="raise"` it raises `RewardError` naming the function

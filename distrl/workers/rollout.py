@@ -53,9 +53,10 @@ class RolloutWorker:
         self.llm = LLM(**engine_args)
 
     def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
-        """Sample `n_samples_per_prompt` responses for each prompt; `groups[i]` is prompt i's group id.
+        """Sample `n_samples_per_prompt` responses for each prompt; `groups[i]` is prompt i's ticket (group id).
 
-        Returns samples prompt-major: the G responses of prompts[0], then of prompts[1], ...
+        Returns samples prompt-major: the G responses of prompts[0], then of prompts[1], ..., each stamped with the
+        policy version this engine serves.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -65,8 +66,8 @@ class RolloutWorker:
                                 top_k=s.top_k, max_tokens=s.max_new_tokens, stop=s.stop or None, logprobs=0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p.prompt_ids) for p in prompts], params,
                                     use_tqdm=False)
-        out = Rollouts([], [], [], [], [], [], policy_version=self.policy_version)
-        for prompt, group, request in zip(prompts, groups, outputs):
+        out = Rollouts([], [], [], [], [], [], [])
+        for prompt, group, request in zip(prompts, groups, outputs, strict=True):
             for completion in request.outputs:
                 ids = list(completion.token_ids)
                 out.prompt_ids.append(list(prompt.prompt_ids))
@@ -76,6 +77,7 @@ class RolloutWorker:
                 out.response_texts.append(completion.text)
                 out.finish_reasons.append(completion.finish_reason or "length")
                 out.group.append(group)
+                out.policy_version.append(self.policy_version)
         return out.validate()
 
     def version(self) -> int:

@@ -12,7 +12,8 @@ REQUIRED_KEYS = {"step", "policy_version", "reward/mean", "response_length/mean"
                  "correction/mismatch_kl", "correction/weight_mean", "clip/frac", "time/generate",
                  "time/reference", "time/update", "time/sync", "time/step", "throughput/tokens_per_s",
                  # beyond the list: the rest of the step's phases
-                 "time/score", "time/old_logprobs", "time/advantages", "time/driver_overhead"}
+                 "time/old_logprobs", "time/advantages", "time/driver_overhead", "staleness/max",
+                 "idle/rollout", "buffer/depth"}
 
 
 def test_quickstart_learns(tmp_path):

@@ -7,18 +7,22 @@
 - A raising reward function fails the step with an error naming the function and the sample, or scores 0.
 """
 
+from dataclasses import replace
+
 import pytest
 import ray
 import torch
 
-from distrl.batching import assign_advantages, to_train_batch
-from distrl.cluster.generation import generate_and_score
+from distrl.batching import advantages, pad
+from distrl.cluster.backend import RayBackend
+from distrl.cluster.producer import Producer
 from distrl.cluster.roles import started_roles, total_optimizer_steps
-from distrl.data import load_prompts
-from distrl.driver import add_logprobs, train, update
-from distrl.metrics import PhaseTimer
-from distrl.workers.learner import Learner
+from distrl.data import PromptStream, load_prompts
+from distrl.driver import train
+from distrl.types import ScoredRollouts, Sequences, TrainBatch
+from distrl.workers.learner import Learner, merge_metrics
 from distrl.workers.model import load_tokenizer
+from distrl.workers.reference import ReferenceWorker
 from distrl.workers.rewards import RewardError
 from distrl.workers.rollout import RolloutWorker
 
@@ -41,21 +45,39 @@ def two_by_two(ray_session, tmp_path_factory):
                      "cluster.rollout.num_actors=2", "cluster.learner.num_actors=2", "cluster.learner.num_cpus=0.25",
                      "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "learner.mini_batch_size=8",
                      "learner.micro_batch_size=4", "learner.lr=1e-4", "learner.warmup_steps=0")
-    with started_roles(cfg) as roles:
+    with started_roles(cfg, RayBackend(cfg.cluster)) as roles:
         roles.sync.push(version=0)
         yield cfg, roles
+
+
+def generate_and_score(roles, prompts, reward) -> ScoredRollouts:
+    """One batch of `prompts` through the producer (every prompt once, in order)."""
+    producer = Producer(roles.rollout, PromptStream(prompts, shuffle=False), reward, prompts_per_step=len(prompts),
+                        max_staleness=0, chunk_prompts=None, dynamic_sampling=None)
+    return producer.next_batch(step=1)[0]
+
+
+def old_logprobs(roles, sequences: Sequences) -> torch.Tensor:
+    return torch.cat(ray.get(roles.learner.map_shards(Learner.logprobs, sequences.split(len(roles.learner)))))
+
+
+def update(roles, batch: TrainBatch, mini_batch_size: int) -> dict[str, float]:
+    return merge_metrics(ray.get(roles.learner.map_shards(Learner.update, batch.shard(len(roles.learner),
+                                                                                      mini_batch_size))))
 
 
 def one_step_batch(cfg, roles):
     tokenizer = load_tokenizer(cfg.model)
     prompts, _ = load_prompts(cfg.data, tokenizer)
-    rollouts, rewards, _ = generate_and_score(roles.rollout, prompts[: cfg.rollout.prompts_per_step], cfg.reward)
-    batch = to_train_batch(rollouts, tokenizer.pad_token_id)
-    add_logprobs(roles, batch, cfg.algorithm.old_logprobs, PhaseTimer())
+    scored = generate_and_score(roles, prompts[: cfg.rollout.prompts_per_step], cfg.reward)
+    sequences = pad(scored.rollouts, tokenizer.pad_token_id)
+    old = old_logprobs(roles, sequences)
+    ref = torch.cat(ray.get(roles.reference.map_shards(ReferenceWorker.logprobs, sequences.split(len(roles.reference)))))
     # Make sure the step has signal even if all rewards tie: perturb deterministically.
-    rewards = torch.tensor(rewards) + torch.linspace(0, 1, len(rewards))
-    assign_advantages(batch, rewards, cfg.rollout.n_samples_per_prompt, cfg.algorithm, cfg.loss.kl)
-    return rollouts, batch
+    rewards = torch.tensor(scored.rewards) + torch.linspace(0, 1, len(scored.rewards))
+    adv, _ = advantages(rewards, sequences.response_mask, old, None, cfg.rollout.n_samples_per_prompt, cfg.algorithm,
+                        cfg.loss.kl)
+    return scored.rollouts, TrainBatch(sequences, old_logprobs=old, advantages=adv, ref_logprobs=ref)
 
 
 class TestTwoRolloutActorsTwoLearners:
@@ -64,7 +86,6 @@ class TestTwoRolloutActorsTwoLearners:
     def test_two_learners_stay_identical_and_match_one_learner(self, two_by_two):
         cfg, roles = two_by_two
         _, batch = one_step_batch(cfg, roles)
-        first_old = batch.old_logprobs.clone()
         before = weights(roles, 0)
         metrics = update(roles, batch, cfg.mini_batch_size)
         after0, after1 = weights(roles, 0), weights(roles, 1)
@@ -73,8 +94,7 @@ class TestTwoRolloutActorsTwoLearners:
         assert metrics["learner/optimizer_steps"] == 2  # one per mini-batch
 
         # A second update on the same samples (new old log-probs): the replicas still agree to the bit.
-        add_logprobs(roles, batch, cfg.algorithm.old_logprobs, PhaseTimer())
-        update(roles, batch, cfg.mini_batch_size)
+        update(roles, replace(batch, old_logprobs=old_logprobs(roles, batch.sequences)), cfg.mini_batch_size)
         again0, again1 = weights(roles, 0), weights(roles, 1)
         assert all(torch.equal(again0[k], again1[k]) for k in again0), "data-parallel replicas diverged"
 
@@ -83,7 +103,6 @@ class TestTwoRolloutActorsTwoLearners:
         single = Learner(cfg.model, cfg.learner, cfg.loss, temperature=cfg.rollout.sampling.temperature,
                          norm_len=cfg.rollout.sampling.max_new_tokens, mini_batch_size=cfg.mini_batch_size,
                          total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed)
-        batch.old_logprobs = first_old
         single.update(batch)
         local = single.weight_bucket(*single.weight_specs(ALL, "float32"), "float32")
         worst = max((local[k] - after0[k]).abs().max().item() for k in local)
@@ -95,7 +114,7 @@ class TestTwoRolloutActorsTwoLearners:
         cfg, roles = two_by_two
         roles.sync.push(version=7)
         rollouts, batch = one_step_batch(cfg, roles)
-        assert rollouts.policy_version == 7
+        assert set(rollouts.policy_version) == {7}
         versions = set(ray.get(roles.rollout.map(RolloutWorker.version)))
         assert versions == {7}
 
@@ -107,7 +126,8 @@ class TestTwoRolloutActorsTwoLearners:
 
         # Score sample 0 in each engine and in the learner: raw log-probs, the same weights.
         prompt, response = rollouts.prompt_ids[0], rollouts.response_ids[0]
-        raw = ray.get(roles.learner.call(0, Learner.logprobs, batch.select(slice(0, 1)), 1.0))[0, : len(response)]
+        raw = ray.get(roles.learner.call(0, Learner.logprobs, batch.sequences.select(slice(0, 1)), 1.0))
+        raw = raw[0, : len(response)]
         for i in range(len(roles.rollout)):
             (engine_lp,) = ray.get(roles.rollout.call(i, RolloutWorker.score, [prompt + response], len(prompt)))
             diff = (torch.tensor(engine_lp) - raw).abs().max().item()
@@ -119,14 +139,14 @@ class TestTwoRolloutActorsTwoLearners:
         prompts, _ = load_prompts(cfg.data, tokenizer)
         reward = cfg.reward.model_copy(update={"function": "tests.e2e.faulty_rewards:always_raises"})
         with pytest.raises(RewardError) as err:
-            generate_and_score(roles.rollout, prompts[:2], reward)
+            generate_and_score(roles, prompts[:2], reward)
         assert "tests.e2e.faulty_rewards:always_raises" in str(err.value)
         assert "sample" in str(err.value).lower()
         assert "faulty_rewards.py" in str(err.value)  # the user's own failing line, from the remote traceback
 
         zero = reward.model_copy(update={"on_error": "zero"})
-        rollouts, scores, errors = generate_and_score(roles.rollout, prompts[:2], zero)
-        assert scores == [0.0] * len(rollouts) and errors == len(rollouts)
+        scored = generate_and_score(roles, prompts[:2], zero)
+        assert scored.rewards == [0.0] * len(scored) and scored.reward_errors == len(scored)
 
 
 # 2 rollout actors x 1 learner is the quickstart (test_quickstart.py). Each topology also runs other options end

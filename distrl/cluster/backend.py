@@ -1,0 +1,165 @@
+"""Where the workers run: `RayBackend` (actors on a Ray cluster) or `LocalBackend` (instances in the driver's
+process). `cluster.backend` picks one; the driver sees only this interface, so its loop cannot tell them apart.
+
+`RayBackend` connects to Ray for the length of a run: an embedded local cluster of its own by default (bound to
+127.0.0.1, dashboard there unless `cluster.dashboard_host` says otherwise), or an existing one (a Ray job,
+`cluster.address`, `RAY_ADDRESS`). `close()` shuts down only what it started.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from distrl.cluster.group import ActorGroup, Done, LocalGroup, Placement, RayGroup
+from distrl.config import ClusterConfig, RoleResources
+
+Init = Callable[[int], tuple[tuple, dict]]
+"""`init(i)` gives worker i's constructor (args, kwargs)."""
+
+
+class Backend(ABC):
+    description: str
+
+    @abstractmethod
+    def group(self, worker: type, role: str, resources: RoleResources, placement: Placement | None, *,
+              run_name: str, init: Init, env: dict[str, str]) -> ActorGroup:
+        """Start `resources.num_actors` workers of `worker` for `role`."""
+
+    @abstractmethod
+    def place(self, roles: dict[str, RoleResources], colocate: bool, run_name: str) -> dict[str, Placement | None]:
+        """Reserve each role's resources (or nothing, locally)."""
+
+    @abstractmethod
+    def release(self, placements: dict[str, Placement | None]) -> None: ...
+
+    @abstractmethod
+    def task(self, fn: Callable, *args: Any, num_cpus: float) -> Any:
+        """Run the plain function `fn(*args)` as a task; returns its handle."""
+
+    @abstractmethod
+    def get(self, handles: Any) -> Any:
+        """The value of a handle, or the list of values of a list of handles; raises what the call raised."""
+
+    @abstractmethod
+    def wait(self, handles: Sequence[Any], timeout: float | None = None) -> tuple[list[Any], list[Any]]:
+        """(handles that are done, the others) once at least one is done or `timeout` seconds have passed."""
+
+    def close(self) -> None:
+        """Release what the backend itself started."""
+
+
+class LocalBackend(Backend):
+    description = "local backend: every worker in this process (no Ray)"
+
+    def group(self, worker: type, role: str, resources: RoleResources, placement: Placement | None, *,
+              run_name: str, init: Init, env: dict[str, str]) -> ActorGroup:
+        workers = []
+        for i in range(resources.num_actors):
+            args, kwargs = init(i)
+            workers.append(worker(*args, **kwargs))
+        return LocalGroup(role, self, workers)
+
+    def place(self, roles: dict[str, RoleResources], colocate: bool, run_name: str) -> dict[str, Placement | None]:
+        return dict.fromkeys(roles)
+
+    def release(self, placements: dict[str, Placement | None]) -> None:
+        pass
+
+    def task(self, fn: Callable, *args: Any, num_cpus: float) -> Done:
+        try:
+            return Done(fn(*args))
+        except Exception as err:  # noqa: BLE001 - handed back like a Ray task error, raised by `get`
+            return Done(error=err)
+
+    def get(self, handles: Any) -> Any:
+        if isinstance(handles, list):
+            return [self.get(h) for h in handles]
+        if handles.error is not None:
+            raise handles.error
+        return handles.value
+
+    def wait(self, handles: Sequence[Any], timeout: float | None = None) -> tuple[list[Any], list[Any]]:
+        return list(handles), []
+
+
+class RayBackend(Backend):
+    def __init__(self, cfg: ClusterConfig):
+        import ray
+
+        address = cfg.address or os.environ.get("RAY_ADDRESS")
+        self.owned = not ray.is_initialized()
+        self._remote_fns: dict[Callable, Any] = {}
+        if not self.owned:
+            self.description = "ray: using the session already initialised in this process"
+        elif address:
+            ray.init(address=address)
+            self.description = f"ray: joined {address}"
+        else:
+            # address="local": a new cluster of our own even when `ray start` left one running on this machine
+            # (without it Ray joins that one and refuses num_cpus).
+            ctx = ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=True,
+                           dashboard_host=cfg.dashboard_host, _node_ip_address="127.0.0.1")
+            self.description = f"ray: embedded cluster, dashboard at http://{ctx.dashboard_url or 'unavailable'}"
+
+    def group(self, worker: type, role: str, resources: RoleResources, placement: Placement | None, *,
+              run_name: str, init: Init, env: dict[str, str]) -> ActorGroup:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        assert placement is not None, "RayBackend.group needs the role's placement (RayBackend.place)"
+        remote_cls = ray.remote(worker)
+        actors = []
+        for i in range(resources.num_actors):
+            args, kwargs = init(i)
+            actors.append(remote_cls.options(  # type: ignore[attr-defined]
+                name=f"distrl/{run_name}/{role}-{i}",
+                num_cpus=resources.num_cpus,
+                num_gpus=resources.num_gpus,
+                runtime_env={"env_vars": env},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=placement.group, placement_group_bundle_index=placement.bundle_indices[i]),
+                # One call at a time, in submission order: a weight push queues behind an in-flight generate.
+                max_concurrency=1,
+            ).remote(*args, **kwargs))
+        return RayGroup(role, self, actors)
+
+    def place(self, roles: dict[str, RoleResources], colocate: bool, run_name: str) -> dict[str, Placement | None]:
+        from distrl.cluster.placement import place
+
+        return dict(place(roles, colocate, run_name))
+
+    def release(self, placements: dict[str, Placement | None]) -> None:
+        from distrl.cluster.placement import release
+
+        release({role: p for role, p in placements.items() if p is not None})
+
+    def task(self, fn: Callable, *args: Any, num_cpus: float) -> Any:
+        import ray
+
+        if fn not in self._remote_fns:
+            self._remote_fns[fn] = ray.remote(fn)
+        return self._remote_fns[fn].options(num_cpus=num_cpus, max_retries=0).remote(*args)
+
+    def get(self, handles: Any) -> Any:
+        import ray
+
+        return ray.get(handles)
+
+    def wait(self, handles: Sequence[Any], timeout: float | None = None) -> tuple[list[Any], list[Any]]:
+        import ray
+
+        return ray.wait(list(handles), num_returns=1, timeout=timeout)
+
+    def close(self) -> None:
+        import ray
+
+        if self.owned and ray.is_initialized():
+            ray.shutdown()
+
+
+def connect(cfg: ClusterConfig) -> Backend:
+    """The backend `cluster.backend` names, connected."""
+    return LocalBackend() if cfg.backend == "local" else RayBackend(cfg)

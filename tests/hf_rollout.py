@@ -1,0 +1,68 @@
+"""A small hand-written rollout worker for unit tests of the loop: samples from the HF model with plain torch, in
+the driver's process, with the same interface as `distrl.workers.rollout.RolloutWorker` (no vLLM).
+
+Log-probs are those of the distribution sampled from (temperature applied), like vLLM's processed log-probs, and
+in float32 with the learner's own forward pass, so with the same weights they equal the learner's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from distrl.config import ModelConfig, RolloutConfig
+from distrl.types import Prompt, Rollouts
+from distrl.workers.model import load_causal_lm, load_tokenizer
+
+
+class HFRolloutWorker:
+    def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int):
+        self.cfg = cfg
+        self.model = load_causal_lm(model, "float32").requires_grad_(False)
+        self.tokenizer = load_tokenizer(model)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.policy_version = 0
+        self.calls = 0  # generate calls served, for tests of the dispatch
+
+    @torch.no_grad()
+    def _sample(self, prompt_ids: list[int], n: int) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        s = self.cfg.sampling
+        ids = torch.tensor([prompt_ids] * n)
+        alive = torch.ones(n, dtype=torch.bool)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        reasons = ["length"] * n
+        for _ in range(s.max_new_tokens):
+            logits = self.model(input_ids=ids).logits[:, -1].float() / s.temperature
+            logp = torch.log_softmax(logits, -1)
+            next_ids = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+            for i in range(n):
+                if alive[i]:
+                    tokens[i].append(int(next_ids[i]))
+                    logprobs[i].append(float(logp[i, next_ids[i]]))
+                    if int(next_ids[i]) == self.tokenizer.eos_token_id:
+                        alive[i], reasons[i] = False, "stop"
+            if not alive.any():
+                break
+            ids = torch.cat([ids, next_ids[:, None]], dim=1)
+        return tokens, logprobs, reasons
+
+    def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
+        self.calls += 1
+        out = Rollouts([], [], [], [], [], [], [])
+        for prompt, group in zip(prompts, groups, strict=True):
+            tokens, logprobs, reasons = self._sample(prompt.prompt_ids, self.cfg.n_samples_per_prompt)
+            for ids, lps, reason in zip(tokens, logprobs, reasons, strict=True):
+                out.prompt_ids.append(list(prompt.prompt_ids))
+                out.response_ids.append(ids)
+                out.rollout_logprobs.append(lps)
+                out.response_texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+                out.finish_reasons.append(reason)
+                out.group.append(group)
+                out.policy_version.append(self.policy_version)
+        return out.validate()
+
+    def load_weights(self, version: int, *buckets: dict[str, torch.Tensor]) -> int:
+        state = {name: t.float() for bucket in buckets for name, t in bucket.items()}
+        self.model.load_state_dict(state, strict=False)
+        self.policy_version = version
+        return version
