@@ -1,7 +1,7 @@
 """The run directory and what the user sees: resolved config, metrics sinks, progress bar, end-of-run summary.
 
 RUN_DIR = run.output_dir/run.name holds config.yaml (the resolved config), metrics.jsonl, tensorboard/ and
-checkpoints/.
+checkpoints/. Those are the only paths distrl writes or deletes there: other files in RUN_DIR are the user's.
 """
 
 from __future__ import annotations
@@ -28,6 +28,16 @@ RENAMES = {
 DRIVER_PHASES = ("time/advantages",)
 ALWAYS = ("loss/policy", "kl/ref", "correction/mismatch_kl", "correction/weight_mean", "clip/frac")
 SPARK = "▁▂▃▄▅▆▇█"
+OWN = ("config.yaml", "metrics.jsonl", "tensorboard", "checkpoints")
+"""What distrl writes in a run directory, and all that `run.overwrite` deletes."""
+
+
+def _remove(path: Path) -> None:
+    """Delete `path`: a directory with its contents, a file or a symbolic link (the link only, never its target)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
 
 
 class RunDir:
@@ -49,7 +59,8 @@ class RunDir:
         """Create the run directory; one that already holds a run needs `run.resume` or `run.overwrite`."""
         used = (self.path / "metrics.jsonl").exists() or (self.path / "checkpoints").exists()
         if used and self.cfg.run.overwrite:
-            shutil.rmtree(self.path)
+            for name in OWN:
+                _remove(self.path / name)
         elif used and not self.cfg.run.resume:
             raise FileExistsError(f"{self.path} already holds a run: set run.resume=true to continue it, "
                                   f"run.overwrite=true to replace it, or choose another run.name")

@@ -45,6 +45,29 @@ def test_overwrite_starts_afresh(tmp_path):
     assert (run.path / "metrics.jsonl").read_text() == ""
 
 
+def test_overwrite_deletes_only_what_distrl_wrote(tmp_path):
+    run = used_run(tmp_path)
+    (run.path / "checkpoints" / "step_000001").mkdir(parents=True)
+    (run.path / "notes.txt").write_text("mine")
+    (run.path / "data").mkdir()
+    (run.path / "data" / "prompts.jsonl").write_text("{}\n")
+    (tmp_path / "beside.txt").write_text("outside the run directory")
+    RunDir(cfg(tmp_path, ("overwrite", True))).close()
+    assert not (run.path / "checkpoints").exists()
+    assert (run.path / "notes.txt").read_text() == "mine"
+    assert (run.path / "data" / "prompts.jsonl").exists()
+    assert (tmp_path / "beside.txt").exists()
+
+
+def test_overwrite_removes_a_linked_checkpoint_directory_but_not_what_it_points_to(tmp_path):
+    run = used_run(tmp_path / "runs")
+    elsewhere = tmp_path / "big-disk"
+    (elsewhere / "step_000001").mkdir(parents=True)
+    (run.path / "checkpoints").symlink_to(elsewhere)
+    RunDir(cfg(tmp_path / "runs", ("overwrite", True))).close()
+    assert not (run.path / "checkpoints").exists() and (elsewhere / "step_000001").is_dir()
+
+
 def test_resume_forgets_steps_after_the_checkpoint(tmp_path):
     run = used_run(tmp_path, steps=3)
     resumed = RunDir(cfg(tmp_path, ("resume", True)))
