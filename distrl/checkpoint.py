@@ -75,14 +75,24 @@ def load_model(directory: str | Path, model) -> None:
                            f"unexpected {sorted(unexpected)}")
 
 
+def problem(directory: str | Path) -> str | None:
+    """Why the checkpoint in `directory` cannot be loaded, as far as its files tell; None if nothing is amiss."""
+    path = Path(directory)
+    if (path / f"{LEARNER_STATE}.json").is_file():
+        return None
+    if (path / "learner_state.pt").exists():
+        return (f"checkpoint {path} holds learner_state.pt, a pickle written by an older distrl; it is not loaded "
+                f"because unpickling can run code. Start afresh (run.overwrite=true) or resume from a checkpoint "
+                f"written by this version")
+    return f"checkpoint {path} has no {LEARNER_STATE}.json"
+
+
 def load_learner_state(directory: str | Path) -> dict:
     """The `learner_state` that `write` saved, tensors on CPU."""
-    path = Path(directory)
-    if not (path / f"{LEARNER_STATE}.json").exists() and (path / "learner_state.pt").exists():
-        raise RuntimeError(f"checkpoint {path} holds learner_state.pt, a pickle written by an older distrl; it is "
-                           f"not loaded because unpickling can run code. Start afresh (run.overwrite=true) or "
-                           f"resume from a checkpoint written by this version")
-    return load_state(path, LEARNER_STATE)
+    unusable = problem(directory)
+    if unusable:
+        raise RuntimeError(unusable)
+    return load_state(Path(directory), LEARNER_STATE)
 
 
 # ----------------------------------------------------------------------------------------------- state dicts

@@ -10,7 +10,7 @@ from pathlib import Path
 import ray
 import torch
 
-from distrl import checkpoint
+from distrl import checkpoint, preflight
 from distrl.batching import assign_advantages, to_train_batch
 from distrl.cluster import runtime
 from distrl.cluster.generation import generate
@@ -25,12 +25,11 @@ from distrl.types import TrainBatch
 from distrl.workers.learner import Learner, merge_metrics
 from distrl.workers.model import load_tokenizer
 from distrl.workers.reference import ReferenceWorker
-from distrl.workers.rewards import resolve_reward
 
 
 def train(cfg: Config) -> list[dict]:
     """Run `cfg.run.steps` steps; returns every step's metrics (also in RUN_DIR/metrics.jsonl)."""
-    resolve_reward(cfg.reward.function)  # a bad reward spec fails before any actor starts
+    preflight.check(cfg)  # model, data, reward and run directory, before Ray or any actor starts
     with ExitStack() as cleanup:
         run = cleanup.enter_context(closing(RunDir(cfg)))
         ray_session = cleanup.enter_context(closing(runtime.Connection(cfg.cluster)))
