@@ -4,5 +4,5 @@ set -euo pipefail
 address=${1:?dashboard address, e.g. http://127.0.0.1:8265}
 config=${2:?config file}
 shift 2
-export RAY_AUTH_MODE=token   # the cluster keeps Ray's token authentication on; the token is in ~/.ray/auth_token
+export RAY_AUTH_MODE=token   # send the token: from ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN
 exec ray job submit --address "$address" --working-dir . -- distrl train --config "$config" "$@"

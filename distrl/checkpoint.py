@@ -1,16 +1,30 @@
-"""Checkpoint layout: RUN_DIR/checkpoints/step_NNNNNN/ holds the policy (HF format, loadable by transformers and
-vLLM), the optimizer and scheduler state, and the driver's state (step, data iterator position).
+"""Checkpoint layout: RUN_DIR/checkpoints/step_NNNNNN/ holds
 
-Learner 0 writes a checkpoint on its own node (`Learner.save_checkpoint`, atomically), and on resume every learner
-reads it on its own: with learners on several nodes, `run.output_dir` must be storage they all see.
+    model/                      the policy in HF format (save_pretrained), loadable by transformers and vLLM
+    learner_state.safetensors   the optimizer's tensors (Adam moments, step counts), keyed by their place in the state
+    learner_state.json          the rest of the optimizer and scheduler state and the learner's counters
+    driver_state.json           the driver's state (step, data iterator position)
+
+No file is a pickle, so loading a checkpoint cannot run code that someone put in it: state dicts are split into
+their tensors (safetensors) and a JSON tree in which each tensor is replaced by its key.
+
+Learner 0 writes a checkpoint on its own node (`write`, atomically), and on resume every learner reads it on its
+own: with learners on several nodes, `run.output_dir` must be storage they all see.
+
+torch and safetensors are imported by the functions that need them: `distrl validate` uses `latest` without them.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 PREFIX = "step_"
+LEARNER_STATE = "learner_state"
+# Markers of the JSON tree for what JSON cannot say itself; a plain object never has exactly one of these keys.
+TENSOR, TUPLE, INT_KEYS = "__tensor__", "__tuple__", "__int_keys__"
 
 
 def path_for(run_dir: Path, step: int) -> Path:
@@ -26,3 +40,122 @@ def latest(run_dir: Path) -> Path | None:
 def driver_state(path: Path) -> dict:
     """The driver's state saved with a checkpoint: at least `step`."""
     return json.loads((path / "driver_state.json").read_text())
+
+
+# ------------------------------------------------------------------------------------------------- whole checkpoint
+def write(directory: str | Path, model, learner_state: dict, driver: dict) -> Path:
+    """Write `model` (HF format), `learner_state` (`save_state`) and `driver` (JSON) to `directory`, atomically:
+    everything goes to a temporary sibling first, renamed when complete. Returns the directory."""
+    final = Path(directory)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp / "model", safe_serialization=True)
+    save_state(learner_state, tmp, LEARNER_STATE)
+    (tmp / "driver_state.json").write_text(json.dumps(driver))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def load_model(directory: str | Path, model) -> None:
+    """Load the checkpoint's policy weights into `model`, which must have exactly the same parameters."""
+    from safetensors.torch import load_file
+
+    path = Path(directory)
+    state = {}
+    for shard in sorted((path / "model").glob("*.safetensors")):
+        state.update(load_file(shard))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # save_pretrained leaves out lm_head only when it *is* the embedding matrix; anything else missing is an error.
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    missing = [k for k in missing if not (tied and k.startswith("lm_head."))]
+    if unexpected or missing:
+        raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(missing)}, "
+                           f"unexpected {sorted(unexpected)}")
+
+
+def problem(directory: str | Path) -> str | None:
+    """Why the checkpoint in `directory` cannot be loaded, as far as its files tell; None if nothing is amiss."""
+    path = Path(directory)
+    if (path / f"{LEARNER_STATE}.json").is_file():
+        return None
+    if (path / "learner_state.pt").exists():
+        return (f"checkpoint {path} holds learner_state.pt, a pickle written by an older distrl; it is not loaded "
+                f"because unpickling can run code. Start afresh (run.overwrite=true) or resume from a checkpoint "
+                f"written by this version")
+    return f"checkpoint {path} has no {LEARNER_STATE}.json"
+
+
+def load_learner_state(directory: str | Path) -> dict:
+    """The `learner_state` that `write` saved, tensors on CPU."""
+    unusable = problem(directory)
+    if unusable:
+        raise RuntimeError(unusable)
+    return load_state(Path(directory), LEARNER_STATE)
+
+
+# ----------------------------------------------------------------------------------------------- state dicts
+def save_state(state: dict, directory: Path, name: str) -> None:
+    """Write a state dict as NAME.safetensors (its tensors, under keys such as `optimizer.state.0.exp_avg`) and
+    NAME.json (everything else, each tensor replaced by its key).
+
+    `state` may nest dicts (string or integer keys), lists and tuples of tensors, numbers, strings, booleans and
+    None, which is what torch optimizers and LR schedulers return; anything else is a TypeError.
+    """
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Any] = {}
+    tree = _encode(state, (), tensors)
+    save_file(tensors, directory / f"{name}.safetensors")
+    (directory / f"{name}.json").write_text(json.dumps(tree, indent=1))
+
+
+def load_state(directory: Path, name: str) -> dict:
+    """The state dict `save_state` wrote, tensors on CPU (`load_state_dict` moves them where the model is)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(directory / f"{name}.safetensors", device="cpu")
+    return _decode(json.loads((directory / f"{name}.json").read_text()), tensors)
+
+
+def _encode(value: Any, path: tuple[str, ...], tensors: dict[str, Any]) -> Any:
+    import torch
+
+    where = ".".join(path) or "the state"
+    if isinstance(value, torch.Tensor):
+        key = ".".join(path)
+        if key in tensors:  # string keys with dots could spell another tensor's path
+            raise TypeError(f"{where}: two tensors would be saved under the same key {key!r}")
+        tensors[key] = value.detach().to("cpu").contiguous()
+        return {TENSOR: key}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_encode(v, (*path, str(i)), tensors) for i, v in enumerate(value)]
+        return {TUPLE: items} if isinstance(value, tuple) else items
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value):
+            if len(value) == 1 and next(iter(value)) in (TENSOR, TUPLE, INT_KEYS):
+                raise TypeError(f"{where}: the key {next(iter(value))!r} is reserved by the checkpoint format")
+            return {k: _encode(v, (*path, k), tensors) for k, v in value.items()}
+        if all(isinstance(k, int) and not isinstance(k, bool) for k in value):
+            return {INT_KEYS: {str(k): _encode(v, (*path, str(k)), tensors) for k, v in value.items()}}
+        raise TypeError(f"{where}: a dict's keys must be all strings or all integers, got {sorted(map(repr, value))}")
+    raise TypeError(f"{where}: a {type(value).__name__} cannot be saved without pickle")
+
+
+def _decode(tree: Any, tensors: dict[str, Any]) -> Any:
+    if isinstance(tree, list):
+        return [_decode(v, tensors) for v in tree]
+    if not isinstance(tree, dict):
+        return tree
+    if len(tree) == 1:
+        ((tag, inner),) = tree.items()
+        if tag == TENSOR:
+            return tensors[inner]
+        if tag == TUPLE:
+            return tuple(_decode(v, tensors) for v in inner)
+        if tag == INT_KEYS:
+            return {int(k): _decode(v, tensors) for k, v in inner.items()}
+    return {k: _decode(v, tensors) for k, v in tree.items()}

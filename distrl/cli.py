@@ -1,7 +1,8 @@
 """`distrl train | validate | make-tiny-model`.
 
-Only argparse, Pydantic and YAML are imported until a command needs more: `distrl --help` and `distrl validate`
-never import torch, Ray or vLLM.
+Only argparse, Pydantic and YAML are imported until a command needs more: `distrl --help` and config errors never
+import torch, Ray or vLLM. `distrl validate` then runs the preflight (`distrl.preflight`), which loads the model's
+config and tokenizer with transformers when there is a model to check; it never imports Ray or vLLM.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from distrl import config
+from distrl import config, preflight
 
 
 def _add_config_args(p: argparse.ArgumentParser, positional: bool) -> None:
@@ -26,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run a training job (embedded Ray cluster, or the one RAY_ADDRESS names)")
     _add_config_args(train, positional=False)
-    validate = sub.add_parser("validate", help="validate a config and print it resolved, or list what is wrong")
+    validate = sub.add_parser("validate", help="validate a config and what it names (model, data, reward, run "
+                                               "directory); print it resolved, or list what is wrong")
     _add_config_args(validate, positional=True)
     tiny = sub.add_parser("make-tiny-model", help="build a small random Llama + locally trained tokenizer")
     tiny.add_argument("dir", help="output directory")
@@ -43,15 +45,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg = config.load(args.config, args.overrides)
-    except config.ConfigError as err:
+        if args.command == "validate":
+            preflight.check(cfg)
+            print(config.to_yaml(cfg), end="")
+            return 0
+        from distrl.driver import train
+
+        train(cfg)  # runs the preflight before it starts anything
+    except (config.ConfigError, preflight.PreflightError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.command == "validate":
-        print(config.to_yaml(cfg), end="")
-        return 0
-    from distrl.driver import train
-
-    train(cfg)
     return 0
 
 

@@ -9,11 +9,12 @@ This module imports only Pydantic and PyYAML: `distrl validate` and `distrl --he
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from distrl.config_sources import ConfigError, Origins, apply_override, format_validation_error, yaml_origins
 
@@ -44,6 +45,8 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
 AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+# One plain path component: no separators, and no leading dot, so never `.`, `..` or a hidden directory.
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 class Section(BaseModel):
@@ -343,8 +346,9 @@ Loop = Annotated[SyncLoop | AsyncLoop, Field(discriminator="mode")]
 
 # ------------------------------------------------------------------------------------------------------------- run
 class RunConfig(Section):
-    name: str = Field(default="run", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    """Run name: the run directory is output_dir/name."""
+    name: str = "run"
+    """Run name: the run directory is output_dir/name. One plain directory name: letters, digits, `_`, `-` and `.`,
+    not starting with `.` or `-`."""
     output_dir: str = "runs"
     """Parent of run directories."""
     steps: int = Field(default=10, gt=0)
@@ -366,8 +370,19 @@ class RunConfig(Section):
     resume: bool = False
     """Continue from the newest checkpoint in the run directory (metrics after that step are dropped)."""
     overwrite: bool = False
-    """Start afresh in a run directory that already holds a run, deleting its metrics and checkpoints. Without it
-    (or `resume`), such a directory is an error, so two runs never mix their files."""
+    """Start afresh in a run directory that already holds a run, deleting what distrl wrote there (config.yaml,
+    metrics.jsonl, tensorboard/, checkpoints/; any other file stays). Without it (or `resume`), such a directory is
+    an error, so two runs never mix their files."""
+
+    @field_validator("name")
+    @classmethod
+    def _one_directory_name(cls, name: str) -> str:
+        # The name is joined to output_dir and the result may be deleted from (run.overwrite): `..` or `a/b` would
+        # point outside output_dir/.
+        if not RUN_NAME.fullmatch(name):
+            raise ValueError(f"run.name {name!r} must be one plain directory name: letters, digits, '_', '-' and "
+                             f"'.', not starting with '.' or '-' (it names a directory inside output_dir)")
+        return name
 
 
 # ------------------------------------------------------------------------------------------------------------ root

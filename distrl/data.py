@@ -18,7 +18,7 @@ from distrl.config import DataConfig
 if TYPE_CHECKING:
     from distrl.types import Prompt
 
-__all__ = ["DataError", "DataStats", "PromptStream", "load_prompts", "read_rows"]
+__all__ = ["DataError", "DataStats", "PromptStream", "check_rows", "load_prompts", "read_rows"]
 
 JSON_LINES = (".jsonl", ".json")
 
@@ -90,12 +90,12 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, Any]]:
     if path.is_dir():
         return _saved_dataset(path)
     if not path.is_file():
-        raise DataError(f"data.path {path} does not exist")
+        raise DataError(f"{path} does not exist")
     if path.suffix in JSON_LINES:
         return _json_lines(path)
     if path.suffix == ".parquet":
         return _parquet(path)
-    raise DataError(f"data.path {path}: unknown format {path.suffix!r}; expected .jsonl, .json (JSON lines), "
+    raise DataError(f"{path}: unknown format {path.suffix!r}; expected .jsonl, .json (JSON lines), "
                     f".parquet, or a directory saved with datasets' `save_to_disk`")
 
 
@@ -122,8 +122,9 @@ def _apply_template(tokenizer, messages: list[dict], where: str, mode: str) -> s
         raise DataError(f"{where}: the chat template rejected these messages: {err}") from err
 
 
-def _render(row: Any, where: str, cfg: DataConfig, tokenizer) -> tuple[str, bool]:
-    """(prompt text, whether the chat template rendered it) for one row, per `cfg.chat_template`."""
+def _prompt(row: Any, where: str, cfg: DataConfig) -> str | list[dict]:
+    """One row's prompt, checked: the text to use as it is, or the chat messages to render (per
+    `cfg.chat_template`)."""
     key, mode = cfg.prompt_key, cfg.chat_template
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected an object with a {key!r} field, got {type(row).__name__}")
@@ -133,17 +134,21 @@ def _render(row: Any, where: str, cfg: DataConfig, tokenizer) -> tuple[str, bool
     if isinstance(prompt, str):
         if not prompt:
             raise DataError(f"{where}: {key!r} is empty")
-        if mode != "always":
-            return prompt, False
-        messages = [{"role": "user", "content": prompt}]
-    elif isinstance(prompt, list):
+        return prompt if mode != "always" else [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list):
         if mode == "never":
             raise DataError(f"{where}: {key!r} holds chat messages but data.chat_template is 'never'")
         _check_messages(prompt, where, key)
-        messages = prompt
-    else:
-        raise DataError(f"{where}: {key!r} must be a string or a list of chat messages, got {type(prompt).__name__}")
-    return _apply_template(tokenizer, messages, where, mode), True
+        return prompt
+    raise DataError(f"{where}: {key!r} must be a string or a list of chat messages, got {type(prompt).__name__}")
+
+
+def _render(row: Any, where: str, cfg: DataConfig, tokenizer) -> tuple[str, bool]:
+    """(prompt text, whether the chat template rendered it) for one row."""
+    prompt = _prompt(row, where, cfg)
+    if isinstance(prompt, str):
+        return prompt, False
+    return _apply_template(tokenizer, prompt, where, cfg.chat_template), True
 
 
 def _answer(row: dict, where: str, key: str | None) -> str | None:
@@ -198,6 +203,22 @@ def load_prompts(cfg: DataConfig, tokenizer) -> tuple[list[Prompt], DataStats]:
         raise DataError(f"{cfg.path}: no prompts left: {stats.rows} rows read, {stats.dropped} longer than "
                         f"data.max_prompt_tokens ({cfg.max_prompt_tokens})")
     return prompts, stats
+
+
+def check_rows(cfg: DataConfig) -> tuple[int, bool]:
+    """Read every row `cfg` names and check it as `load_prompts` would, short of rendering and tokenizing (which
+    need the tokenizer): (rows read, whether some prompt needs the tokenizer's chat template).
+
+    Raises DataError naming file and line (or row) for the first malformed row, and for a file with no rows.
+    """
+    rows, needs_template = 0, False
+    for where, row in read_rows(cfg.path):
+        needs_template |= not isinstance(_prompt(row, where, cfg), str)
+        _answer(row, where, cfg.answer_key)
+        rows += 1
+    if not rows:
+        raise DataError(f"{cfg.path} holds no rows")
+    return rows, needs_template
 
 
 # --------------------------------------------------------------------------------------------------------- stream

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from distrl import checkpoint
+from distrl import checkpoint, preflight
 from distrl.algo import metrics_by_staleness
 from distrl.batching import advantages, pad
 from distrl.cluster.backend import connect
@@ -31,7 +31,6 @@ from distrl.types import ScoredRollouts, Sequences, TrainBatch
 from distrl.workers.learner import Learner, merge_metrics
 from distrl.workers.model import load_tokenizer
 from distrl.workers.reference import ReferenceWorker
-from distrl.workers.rewards import resolve_reward
 from distrl.workers.rollout import RolloutWorker
 
 
@@ -55,7 +54,7 @@ class Job:
 def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
     """Run `cfg.run.steps` steps; returns every step's metrics (also in RUN_DIR/metrics.jsonl). `rollout_worker`
     is the engine class (vLLM's `RolloutWorker`; tests of the loop pass one that samples with HF)."""
-    resolve_reward(cfg.reward.function)  # a bad reward spec fails before any actor starts
+    preflight.check(cfg)  # model, data, reward and run directory, before Ray or any actor starts
     with ExitStack() as cleanup:
         run = cleanup.enter_context(closing(RunDir(cfg)))
         backend = connect(cfg.cluster)

@@ -1,7 +1,8 @@
 """The run directory and what the user sees: resolved config, metrics sinks, progress bar, end-of-run summary.
 
 RUN_DIR = run.output_dir/run.name holds config.yaml (the resolved config), metrics.jsonl, tensorboard/ and
-checkpoints/.
+checkpoints/. Those are the only paths distrl writes or deletes there: other files in RUN_DIR are the user's. A run
+that ends before logging its first step takes back what it created, so no directory is left holding no run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distrl.config import Config, to_yaml
+from distrl.config import Config, RunConfig, to_yaml
 from distrl.metrics import JsonlSink, MetricsLogger, RayMetricsSink, Sink, TensorBoardSink
 
 if TYPE_CHECKING:
@@ -34,32 +35,81 @@ RENAMES = {
 DRIVER_PHASES = ("time/advantages",)
 ALWAYS = ("loss/policy", "kl/ref", "correction/mismatch_kl", "correction/weight_mean", "clip/frac")
 SPARK = "▁▂▃▄▅▆▇█"
+OWN = ("config.yaml", "metrics.jsonl", "tensorboard", "checkpoints")
+"""What distrl writes in a run directory, and all that `run.overwrite` deletes."""
+
+
+def _remove(path: Path) -> None:
+    """Delete `path`: a directory with its contents, a file or a symbolic link (the link only, never its target)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def holds_run(path: Path) -> bool:
+    """Whether run directory `path` holds a run: a logged step (a row in metrics.jsonl) or a checkpoint."""
+    metrics, checkpoints = path / "metrics.jsonl", path / "checkpoints"
+    return bool((metrics.is_file() and metrics.stat().st_size) or (checkpoints.is_dir() and any(checkpoints.iterdir())))
+
+
+def reuse_problem(path: Path, run: RunConfig) -> str | None:
+    """Why a run with settings `run` may not start in run directory `path`, or None: one that already holds a run
+    needs `run.resume` or `run.overwrite`."""
+    if holds_run(path) and not (run.resume or run.overwrite):
+        return (f"{path} already holds a run: set run.resume=true to continue it, run.overwrite=true to replace it, "
+                f"or choose another run.name")
+    return None
 
 
 class RunDir:
+    """RUN_DIR of one run: claimed when made, written as steps are logged; `close()` removes what it created if no
+    step was logged (a run that failed to start)."""
+
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.path = Path(cfg.run.output_dir) / cfg.run.name
-        self._claim()
-        (self.path / "config.yaml").write_text(to_yaml(cfg))
-        sinks: list[Sink] = [JsonlSink(self.path / "metrics.jsonl")]
-        if cfg.run.tensorboard:
-            sinks.append(TensorBoardSink(self.path / "tensorboard"))
-        if cfg.run.ray_metrics:
-            sinks.append(RayMetricsSink(cfg.run.name))
-        self.logger = MetricsLogger(sinks)
+        self._made_dirs, self._made = self._claim()
         self.bar = None
+        try:
+            (self.path / "config.yaml").write_text(to_yaml(cfg))
+            sinks: list[Sink] = [JsonlSink(self.path / "metrics.jsonl")]
+            if cfg.run.tensorboard:
+                sinks.append(TensorBoardSink(self.path / "tensorboard"))
+            if cfg.run.ray_metrics:
+                sinks.append(RayMetricsSink(cfg.run.name))
+        except BaseException:
+            self._discard_if_empty()
+            raise
+        self.logger = MetricsLogger(sinks)
         self._start = self._step_start = time.perf_counter()
 
-    def _claim(self) -> None:
-        """Create the run directory; one that already holds a run needs `run.resume` or `run.overwrite`."""
-        used = (self.path / "metrics.jsonl").exists() or (self.path / "checkpoints").exists()
-        if used and self.cfg.run.overwrite:
-            shutil.rmtree(self.path)
-        elif used and not self.cfg.run.resume:
-            raise FileExistsError(f"{self.path} already holds a run: set run.resume=true to continue it, "
-                                  f"run.overwrite=true to replace it, or choose another run.name")
+    def _claim(self) -> tuple[list[Path], list[Path]]:
+        """Create the run directory (deleting a previous run's files with `run.overwrite`). Returns the directories
+        this created, deepest first, and the entries of OWN it is about to create."""
+        problem = reuse_problem(self.path, self.cfg.run)
+        if problem:
+            raise FileExistsError(problem)
+        if self.cfg.run.overwrite and holds_run(self.path):
+            for name in OWN:
+                _remove(self.path / name)
+        made_dirs = [p for p in (self.path, *self.path.parents) if not p.exists()]
         self.path.mkdir(parents=True, exist_ok=True)
+        made = [self.path / name for name in OWN if not (self.path / name).exists()]
+        return made_dirs, made
+
+    def _discard_if_empty(self) -> None:
+        """Remove what this RunDir created, if the run directory holds no run: the directory itself only if it was
+        made here and nothing else has appeared in it."""
+        if holds_run(self.path):
+            return
+        for path in self._made:
+            _remove(path)
+        for directory in self._made_dirs:
+            if directory.is_dir():
+                if any(directory.iterdir()):
+                    break
+                directory.rmdir()
 
     def forget_after(self, step: int) -> None:
         """Drop metrics rows after `step` (a resumed run logs those steps again)."""
@@ -144,3 +194,4 @@ class RunDir:
         if self.bar is not None:
             self.bar.close()
         self.logger.close()
+        self._discard_if_empty()

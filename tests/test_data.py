@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from distrl.config import DataConfig
-from distrl.data import DataError, PromptStream, load_prompts
+from distrl.data import DataError, PromptStream, check_rows, load_prompts
 from distrl.tasks.toy import write_toy_dataset
 from distrl.types import Prompt
 
@@ -177,6 +177,19 @@ def test_malformed_line_names_file_and_line(tmp_path, tokenizer, bad, message):
     path.write_text(f'{{"prompt": "ok"}}\n\n{bad}\n{{"prompt": "ok"}}\n')  # the blank line still counts: line 3
     with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:3: .*{message}"):
         load(path, tokenizer)
+
+
+def test_check_rows_reads_every_row_without_a_tokenizer(tmp_path):
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{"prompt": "a"}, {"prompt": "b", "answer": 2}])
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": "a"}, {"prompt": [{"role": "user", "content": "b"}]}])
+    assert check_rows(DataConfig(path=str(plain))) == (2, False)
+    assert check_rows(DataConfig(path=str(plain), chat_template="always")) == (2, True)
+    assert check_rows(DataConfig(path=str(chat))) == (2, True)
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a"}] * 99 + [{"prompt": "b", "answer": [1]}])
+    with pytest.raises(DataError, match=rf"{bad}:100: answer field 'answer'"):
+        check_rows(DataConfig(path=str(bad)))
+    with pytest.raises(DataError, match="holds no rows"):
+        check_rows(DataConfig(path=str(write_jsonl(tmp_path / "empty.jsonl", ["", ""]))))
 
 
 def test_invalid_utf8_names_the_line(tmp_path, tokenizer):

@@ -1,7 +1,10 @@
 """The learner in local mode (plain class, no Ray): micro-batching is exact, steps move the policy the way the
-advantages say, and non-finite steps are skipped then stop the run."""
+advantages say, non-finite steps are skipped then stop the run, and a checkpoint (free of pickle) resumes it
+exactly."""
 
+import pickle
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,3 +93,50 @@ def test_non_finite_steps_are_skipped_then_stop(tiny_model_dir):
     with pytest.raises(NonFiniteError, match="2 consecutive optimizer steps"):
         learner.update(scored(learner, batch(advantage=float("nan"))))
 
+
+def test_a_checkpoint_resumes_the_learner_exactly(tiny_model_dir, tmp_path):
+    # Cosine schedule with warm-up: the learning rate differs at every step, so a scheduler restored wrongly shows.
+    settings = dict(lr=1e-3, warmup_steps=2, lr_schedule="cosine", max_consecutive_nonfinite=3)
+    data = batch()
+    run = make_learner(tiny_model_dir, **settings)
+    for advantage in (1.0, float("nan"), 1.0):  # the skipped step must be counted after resuming too
+        run.update(scored(run, batch(advantage)))
+    path = run.save_checkpoint(str(tmp_path / "step_000003"), {"step": 3})
+
+    resumed = make_learner(tiny_model_dir, **settings)
+    resumed.load_checkpoint(path)
+    saved, loaded = run.optimizer.state_dict(), resumed.optimizer.state_dict()
+    assert loaded["param_groups"] == saved["param_groups"]  # betas still a tuple, initial_lr kept
+    assert saved["state"].keys() == loaded["state"].keys() and len(saved["state"]) == len(run.params)
+    for i, state in saved["state"].items():
+        assert state.keys() == loaded["state"][i].keys()
+        assert all(torch.equal(state[k], loaded["state"][i][k]) for k in state)
+    assert resumed.scheduler.state_dict() == run.scheduler.state_dict()
+    assert resumed.scheduler.get_last_lr() == run.scheduler.get_last_lr()
+    assert (resumed.optimizer_steps, resumed.skipped_steps, resumed._consecutive_nonfinite) == (2, 1, 0)
+    assert all(torch.equal(weights(run)[k], v) for k, v in weights(resumed).items())
+
+    after_run, after_resumed = run.update(scored(run, data)), resumed.update(scored(resumed, data))
+    assert after_resumed["learner/lr"] == after_run["learner/lr"]
+    assert all(torch.equal(weights(run)[k], v) for k, v in weights(resumed).items())
+
+
+def test_a_checkpoint_holds_no_pickle(tiny_model_dir, tmp_path, monkeypatch):
+    learner = make_learner(tiny_model_dir)
+    learner.update(scored(learner, batch()))
+    path = Path(learner.save_checkpoint(str(tmp_path / "step_000001"), {"step": 1}))
+    files = [f for f in path.rglob("*") if f.is_file()]
+    assert {f.relative_to(path).as_posix() for f in files} >= {
+        "model/config.json", "model/model.safetensors", "learner_state.safetensors", "learner_state.json",
+        "driver_state.json"}
+    assert all(f.suffix in (".safetensors", ".json") for f in files), files
+    # torch.save writes a zip archive (PK), older versions and pickle.dump a stream opening with PROTO (0x80).
+    assert not [f for f in files if f.read_bytes()[:4] == b"PK\x03\x04" or f.read_bytes()[:1] == b"\x80"]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("loading a checkpoint must not unpickle anything")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    make_learner(tiny_model_dir).load_checkpoint(str(path))

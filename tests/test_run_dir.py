@@ -1,5 +1,6 @@
-"""The run directory never mixes two runs; step times and overhead add up; metric merging keeps min/max meaning;
-rewards see the answer; resumed runs reseed the engines."""
+"""The run directory never mixes two runs, overwrites only distrl's own files and is not left behind holding no
+step; step times and overhead add up; metric merging keeps min/max meaning; rewards see the answer; resumed runs
+reseed the engines."""
 
 import json
 import time
@@ -41,8 +42,34 @@ def test_a_used_run_directory_is_refused(tmp_path):
 
 def test_overwrite_starts_afresh(tmp_path):
     run = used_run(tmp_path)
+    again = RunDir(cfg(tmp_path, ("overwrite", True)))
+    again.log(1, row(7.0))
+    again.close()
+    rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 7.0)]
+
+
+def test_overwrite_deletes_only_what_distrl_wrote(tmp_path):
+    run = used_run(tmp_path)
+    (run.path / "checkpoints" / "step_000001").mkdir(parents=True)
+    (run.path / "notes.txt").write_text("mine")
+    (run.path / "data").mkdir()
+    (run.path / "data" / "prompts.jsonl").write_text("{}\n")
+    (tmp_path / "beside.txt").write_text("outside the run directory")
     RunDir(cfg(tmp_path, ("overwrite", True))).close()
-    assert (run.path / "metrics.jsonl").read_text() == ""
+    assert not (run.path / "checkpoints").exists()
+    assert (run.path / "notes.txt").read_text() == "mine"
+    assert (run.path / "data" / "prompts.jsonl").exists()
+    assert (tmp_path / "beside.txt").exists()
+
+
+def test_overwrite_removes_a_linked_checkpoint_directory_but_not_what_it_points_to(tmp_path):
+    run = used_run(tmp_path / "runs")
+    elsewhere = tmp_path / "big-disk"
+    (elsewhere / "step_000001").mkdir(parents=True)
+    (run.path / "checkpoints").symlink_to(elsewhere)
+    RunDir(cfg(tmp_path / "runs", ("overwrite", True))).close()
+    assert not (run.path / "checkpoints").exists() and (elsewhere / "step_000001").is_dir()
 
 
 def test_resume_forgets_steps_after_the_checkpoint(tmp_path):
@@ -96,3 +123,37 @@ def test_resumed_runs_move_the_engine_seed_on():
     assert engine_seed(c, first_step=1) == 5 and engine_seed(c, first_step=4) == 5 + 3 * 7919
     derived = config.from_dict({"model": {"path": "m"}, "data": {"path": "d"}, "run": {"seed": 2}})
     assert engine_seed(derived, first_step=1) == 2000
+
+
+def test_a_run_that_logs_no_step_leaves_no_directory_behind(tmp_path):
+    run = RunDir(cfg(tmp_path / "new" / "runs", ("tensorboard", True)))
+    assert (run.path / "tensorboard").is_dir() and (run.path / "config.yaml").is_file()
+    run.close()  # as when the run fails before its first step
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_failed_start_removes_only_what_it_created(tmp_path):
+    used_run(tmp_path)
+    run = RunDir(cfg(tmp_path, ("overwrite", True)))
+    (run.path / "notes.txt").write_text("mine")
+    run.close()
+    assert sorted(p.name for p in run.path.iterdir()) == ["notes.txt"]  # the old run is gone, as asked; mine stays
+    beside = RunDir(cfg(tmp_path, ("name", "other")))
+    beside.close()
+    assert not beside.path.exists() and tmp_path.is_dir()  # output_dir was there before: it stays
+
+
+def test_a_directory_without_steps_is_not_a_run(tmp_path):
+    # What a failed start left before this rule: config.yaml and an empty metrics.jsonl.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("old")
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    run = RunDir(cfg(tmp_path))
+    run.log(1, row(0.5))
+    run.close()
+    assert (run.path / "config.yaml").read_text() != "old" and len(run.path.joinpath("metrics.jsonl").read_text()) > 0
+
+
+def test_a_run_with_steps_keeps_everything_on_close(tmp_path):
+    run = used_run(tmp_path, steps=1)
+    assert sorted(p.name for p in run.path.iterdir()) == ["config.yaml", "metrics.jsonl"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
+from distrl import checkpoint
 from distrl.algo import LossInputs, compute_loss
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
 from distrl.types import Sequences, TrainBatch
@@ -219,39 +219,18 @@ class Learner:
 
     # ---------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, directory: str, driver_state: dict) -> str:
-        """Write model (HF format), optimizer/scheduler state and the driver's state to `directory`, atomically:
-        everything goes to a temporary sibling first, renamed when complete. Returns the directory."""
-        import json
-        import shutil
-
-        final = Path(directory)
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.model.save_pretrained(tmp / "model")
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps},
-                   tmp / "learner_state.pt")
-        (tmp / "driver_state.json").write_text(json.dumps(driver_state))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        return str(final)
+        """Write the model, optimizer/scheduler state and the driver's state to `directory` (`checkpoint.write`,
+        atomically). Returns the directory."""
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps,
+                 "consecutive_nonfinite": self._consecutive_nonfinite}
+        return str(checkpoint.write(directory, self.model, state, driver_state))
 
     def load_checkpoint(self, directory: str) -> None:
-        from safetensors.torch import load_file
-
-        path = Path(directory)
-        state = {}
-        for shard in sorted((path / "model").glob("*.safetensors")):
-            state.update(load_file(shard))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        # save_pretrained leaves out lm_head only when it *is* the embedding matrix; anything else missing is an error.
-        tied = self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
-        missing = [k for k in missing if not (tied and k.startswith("lm_head."))]
-        if unexpected or missing:
-            raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(missing)}, "
-                               f"unexpected {sorted(unexpected)}")
-        extra = torch.load(path / "learner_state.pt", map_location=self.device, weights_only=False)
-        self.optimizer.load_state_dict(extra["optimizer"])
-        self.scheduler.load_state_dict(extra["scheduler"])
-        self.optimizer_steps, self.skipped_steps = extra["optimizer_steps"], extra["skipped_steps"]
+        """Continue from the checkpoint in `directory`: weights, optimizer, scheduler and step counters."""
+        checkpoint.load_model(directory, self.model)
+        state = checkpoint.load_learner_state(directory)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer_steps, self.skipped_steps = state["optimizer_steps"], state["skipped_steps"]
+        self._consecutive_nonfinite = state["consecutive_nonfinite"]

@@ -13,6 +13,8 @@ from pathlib import Path
 from distrl.tasks.toy import toy_corpus
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+CONTEXT_LENGTH = 512
+"""Positions the tiny model takes (its max_position_embeddings)."""
 ROLES = ("system", "user", "assistant")
 ROLE_TOKENS = tuple(f"<|{role}|>" for role in ROLES)
 
@@ -90,12 +92,12 @@ def make_tiny_model(out_dir: str | Path, *, vocab_size: int = 512, hidden_size: 
     raw = train_tokenizer(list(corpus) if corpus is not None else default_corpus(), vocab_size)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw, bos_token=BOS, eos_token=EOS, pad_token=PAD,
-        chat_template=CHAT_TEMPLATE, model_max_length=512, clean_up_tokenization_spaces=False,
+        chat_template=CHAT_TEMPLATE, model_max_length=CONTEXT_LENGTH, clean_up_tokenization_spaces=False,
     )
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        max_position_embeddings=512, tie_word_embeddings=False,
+        max_position_embeddings=CONTEXT_LENGTH, tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
     )

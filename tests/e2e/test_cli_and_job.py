@@ -1,11 +1,17 @@
 """The command line and Ray job paths: a bad config fails before any actor starts; `ray job submit` runs the
-quickstart against a local cluster started (with token auth, on 127.0.0.1) and stopped by the test."""
+quickstart against a local cluster that the test starts (token auth on, 127.0.0.1, its own HOME and temp dir) and
+stops, leaving any other cluster on the machine alone."""
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -28,7 +34,8 @@ def test_unknown_reward_function_fails_before_any_actor_starts(tmp_path):
     cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
            "--set", "reward.function=distrl.nowhere:nothing", "--set", f"run.output_dir={tmp_path}"]
     result = subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0 and "distrl.nowhere:nothing" in result.stderr
+    assert result.returncode == 2 and "reward.function: reward function 'distrl.nowhere:nothing'" in result.stderr
+    assert "Traceback" not in result.stderr
     assert "ray: " not in result.stdout
 
 
@@ -38,25 +45,97 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def http_status(url: str, token: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
 @pytest.fixture
 def local_cluster(tmp_path):
-    """`ray start --head` on 127.0.0.1 (token auth on by default), stopped afterwards."""
+    """A head node of the test's own on 127.0.0.1 with token authentication on; yields (dashboard address, the
+    clients' environment, the token), then stops exactly that head's processes.
+
+    Nothing touches the real home directory: the subprocesses' HOME is tmp_path/home, where
+    `ray get-auth-token --generate` writes the token. `ray start --head` turns token auth on only with
+    RAY_AUTH_MODE=token (with no token it would start with auth off), and clients need both the token and
+    RAY_AUTH_MODE=token. `ray stop` would stop every Ray cluster on this machine, so the head runs with --block
+    and is stopped by signalling that one process, which shuts down what it started; its session lives in a
+    --temp-dir of its own (under /tmp: Ray's socket paths must fit in 107 bytes, tmp_path is too deep).
+    """
     env = cli_env()
-    env.pop("RAY_AUTH_MODE", None)
-    env.pop("RAY_ADDRESS", None)
-    gcs, dash = free_port(), free_port()
-    subprocess.run(["ray", "start", "--head", f"--port={gcs}", "--node-ip-address=127.0.0.1",
-                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2",
-                    "--disable-usage-stats"], env=env, check=True, capture_output=True, timeout=120)
+    for key in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(key, None)
+    env["HOME"] = str(tmp_path / "home")
+    (tmp_path / "home").mkdir()
+    token = subprocess.run(["ray", "get-auth-token", "--generate"], env=env, check=True, capture_output=True,
+                           text=True, timeout=120).stdout.strip()
+    env["RAY_AUTH_MODE"] = "token"
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    # Ports Ray would otherwise take at fixed defaults (6379, 8265, 10001, 52365), where another cluster may be.
+    gcs, dash, client, agent = free_port(), free_port(), free_port(), free_port()
+    log = tmp_path / "head.log"
+    with log.open("w") as out:
+        head = subprocess.Popen(
+            ["ray", "start", "--head", "--block", f"--port={gcs}", "--node-ip-address=127.0.0.1",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
+             f"--dashboard-agent-listen-port={agent}", f"--temp-dir={temp_dir}", "--num-cpus=2",
+             "--disable-usage-stats"],
+            env=env, stdout=out, stderr=subprocess.STDOUT)
+    address = f"http://127.0.0.1:{dash}"
     try:
-        yield f"http://127.0.0.1:{dash}", env
+        wait_for_jobs_api(head, address, token, agent, log)
+        yield address, env, token
     finally:
-        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True, timeout=120)
+        stop_head(head, temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def wait_for_jobs_api(head: subprocess.Popen, address: str, token: str, agent_port: int, log: Path) -> None:
+    """Until the dashboard answers the jobs API and the head's dashboard agent, which runs submitted jobs, listens."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert head.poll() is None, f"ray start --head exited ({head.returncode}):\n{log.read_text()[-3000:]}"
+        try:
+            with socket.create_connection(("127.0.0.1", agent_port), timeout=5):
+                pass
+            if http_status(f"{address}/api/jobs/", token) == 200:
+                return
+        except OSError:  # not listening yet
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"the head's jobs API did not come up in 180 s:\n{log.read_text()[-3000:]}")
+
+
+def stop_head(head: subprocess.Popen, temp_dir: str) -> None:
+    """SIGTERM to `ray start --block`, which stops the processes it started; any straggler of this cluster (a child
+    of the head, or a process named after its temp dir) is then killed by its id, never by a name shared with other
+    clusters."""
+    import psutil  # vLLM's dependency, so always there where these tests run
+
+    ours = set(psutil.Process(head.pid).children(recursive=True)) if head.poll() is None else set()
+    head.terminate()
+    try:
+        head.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        head.kill()
+        head.wait()
+    for process in psutil.process_iter(["cmdline"]):
+        if temp_dir in " ".join(process.info["cmdline"] or []):
+            ours.add(process)
+    _, alive = psutil.wait_procs(ours, timeout=15)
+    for process in alive:
+        process.kill()
 
 
 def test_ray_job_submit_runs_quickstart(local_cluster, tmp_path):
-    address, env = local_cluster
-    env = {**env, "RAY_AUTH_MODE": "token"}  # the client side of token auth (README's auth step)
+    address, env, token = local_cluster
+    # Token authentication is really on: the jobs API refuses a request without the token.
+    assert http_status(f"{address}/api/jobs/") == 401
+    assert (tmp_path / "home" / ".ray" / "auth_token").read_text().strip() == token
     cmd = ["ray", "job", "submit", "--address", address, "--working-dir", ".", "--",
            "distrl", "train", "--config", "configs/quickstart.yaml", "--set", "run.steps=2",
            "--set", f"run.output_dir={tmp_path}", "--set", "run.progress=false"]

@@ -1,0 +1,230 @@
+"""Preflight: what a run needs that can be checked without Ray, checked before any cluster or actor starts.
+
+- the model: its config loads, and its context length holds what the rollout engine needs (`rollout.max_model_len`,
+  or `data.max_prompt_tokens + rollout.sampling.max_new_tokens`); the tokenizer loads; the reference model's config
+  loads when a KL term needs one;
+- the data: every row parses and holds a usable prompt (`data.check_rows`), and the tokenizer has a chat template if
+  some prompt needs one;
+- the reward function imports;
+- the run directory can be made and written, and `run.resume` / `run.overwrite` fit what is already there.
+
+Each problem is one line that starts with the config field it concerns; `check` reports them all at once, so one
+corrected re-run is enough. With `model.create_tiny_if_missing` a missing model is fine (it is built on first use,
+with the tiny model's known context length).
+
+Light at import time: transformers is imported only when there is a model to check.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from distrl import checkpoint
+from distrl.config import Config, DataConfig, RewardConfig, RunConfig
+from distrl.data import DataError, check_rows
+from distrl.run_dir import reuse_problem
+
+__all__ = ["PreflightError", "check", "context_length"]
+
+# Config keys that state a model's context length, as vLLM reads them (the smallest wins; model_max_length, when
+# the model config has it, overrides the rest).
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+# RoPE types whose max_position_embeddings already includes their scaling: vLLM does not multiply by `factor`.
+PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+class PreflightError(ValueError):
+    """The config is valid but the run cannot start; `problems` holds one line per problem, each naming its field."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        head = f"cannot start the run: {len(problems)} problem{'s' if len(problems) > 1 else ''}"
+        super().__init__("\n".join([head, *(f"  {p}" for p in problems)]))
+
+
+def check(cfg: Config) -> None:
+    """Raise PreflightError listing every problem found; return quietly when there is none."""
+    problems: list[str] = []
+    tokenizer = _model(cfg, problems)
+    _data(cfg.data, tokenizer, problems)
+    _reward(cfg.reward, problems)
+    _run_dir(cfg.run, problems)
+    if problems:
+        raise PreflightError(problems)
+
+
+# --------------------------------------------------------------------------------------------------------- model
+def _model(cfg: Config, problems: list[str]):
+    """Check the policy (config, context length, tokenizer) and the reference; returns the tokenizer if it loads."""
+    m = cfg.model
+    tokenizer = None
+    if m.create_tiny_if_missing and not (Path(m.path) / "config.json").is_file():
+        from distrl.workers.tiny_model import CONTEXT_LENGTH
+
+        _context(cfg, CONTEXT_LENGTH, "max_position_embeddings of the tiny model", problems)
+        if m.tokenizer:
+            tokenizer = _tokenizer(m.tokenizer, "model.tokenizer", m.trust_remote_code, problems)
+    else:
+        hf_config = _hf_config(m.path, "model.path", m.trust_remote_code, problems)
+        if hf_config is not None or m.tokenizer:  # a missing model is one problem, not two
+            tokenizer = _tokenizer(m.tokenizer or m.path, "model.tokenizer" if m.tokenizer else "model.path",
+                                   m.trust_remote_code, problems)
+        if hf_config is not None:
+            limit, key = context_length(hf_config, tokenizer)
+            if limit is not None:
+                _context(cfg, limit, key, problems)
+    if cfg.needs_reference and cfg.reference.path:
+        _hf_config(cfg.reference.path, "reference.path", m.trust_remote_code, problems)
+    return tokenizer
+
+
+def _hf_config(path: str, field: str, trust_remote_code: bool, problems: list[str]):
+    """The model's transformers config, or None after noting why it cannot be loaded."""
+    missing = _missing_local(path, "config.json")
+    if missing:
+        problems.append(f"{field}: {missing}")
+        return None
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        hub = "" if Path(path).expanduser().is_dir() else (
+            f" (no such local directory{_relative_note(path)}, so it was looked up as a hub name)")
+        problems.append(f"{field}: cannot load the model config from {path}{hub}: {_one_line(err)}")
+        return None
+
+
+def _tokenizer(path: str, field: str, trust_remote_code: bool, problems: list[str]):
+    missing = _missing_local(path, None)
+    if missing:
+        problems.append(f"{field}: {missing}")
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        problems.append(f"{field}: cannot load a tokenizer from {path}: {_one_line(err)}")
+        return None
+
+
+def _missing_local(path: str, needs: str | None) -> str | None:
+    """Why local path `path` is no model directory (holding `needs`), or None: it is one, or it is a hub name, which
+    transformers finds in its cache or downloads."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return None if needs is None or (local / needs).is_file() else f"{path} holds no {needs}"
+    if local.exists():
+        return f"{path} is a file, not a model directory"
+    # A hub name is `name` or `namespace/name`; anything else, or a namespace that is a local directory, is a path.
+    parts = path.split("/")
+    if path.startswith(("/", ".", "~")) or len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).is_dir()):
+        return f"{path} does not exist{_relative_note(path)}"
+    return None
+
+
+def context_length(hf_config, tokenizer=None) -> tuple[float | None, str]:
+    """The longest sequence vLLM serves for a model, and where that figure comes from; (None, '') when the config
+    states none (vLLM then assumes 2048 and accepts a longer rollout.max_model_len).
+
+    vLLM's rule: the smallest of the config's context keys (`model_max_length` overrides them), times the RoPE
+    scaling factor unless the RoPE type already includes it, and at most the tokenizer's `model_max_length`.
+    """
+    text = hf_config.get_text_config()
+    found = {k: getattr(text, k) for k in CONTEXT_KEYS if isinstance(getattr(text, k, None), (int, float))}
+    if not found:
+        return None, ""
+    key = "model_max_length" if "model_max_length" in found else min(found, key=found.__getitem__)
+    limit, source = float(found[key]), f"{key} in the model config"
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    if isinstance(rope, dict) and "gemma3" not in str(getattr(hf_config, "model_type", "")):
+        layers = [rope] if "rope_type" in rope or "type" in rope else [v for v in rope.values() if isinstance(v, dict)]
+        factor = 1.0
+        for params in layers:
+            if params.get("rope_type", params.get("type")) not in PRESCALED_ROPE:
+                factor = params.get("factor") or factor
+        limit *= factor
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tokenizer_limit, int) and tokenizer_limit < limit:
+        limit, source = float(tokenizer_limit), "model_max_length of the tokenizer"
+    return limit, source
+
+
+def _context(cfg: Config, limit: float, source: str, problems: list[str]) -> None:
+    """Note a problem if the engine's context (`rollout.max_model_len` or prompt + response) exceeds `limit`."""
+    if _long_context_allowed(cfg):
+        return
+    r = cfg.rollout
+    if r.max_model_len is not None:
+        if r.max_model_len > limit:
+            problems.append(f"rollout.max_model_len: {r.max_model_len} tokens, more than the model's context of "
+                            f"{limit:.0f} ({source}, model.path {cfg.model.path}); lower it")
+        return
+    prompt, response = cfg.data.max_prompt_tokens, r.sampling.max_new_tokens
+    if prompt + response > limit:
+        problems.append(f"rollout.sampling.max_new_tokens: data.max_prompt_tokens + rollout.sampling.max_new_tokens "
+                        f"= {prompt} + {response} = {prompt + response} tokens, more than the model's context of "
+                        f"{limit:.0f} ({source}, model.path {cfg.model.path}); lower either")
+
+
+def _long_context_allowed(cfg: Config) -> bool:
+    # vLLM's own escape hatch: with it set, the engine accepts a max_model_len beyond the model's context.
+    value = cfg.cluster.actor_env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"))
+    return (value or "0").strip().lower() in ("1", "true")
+
+
+# ------------------------------------------------------------------------------------------ data, reward, outputs
+def _data(data: DataConfig, tokenizer, problems: list[str]) -> None:
+    if not Path(data.path).exists():
+        problems.append(f"data.path: {data.path} does not exist{_relative_note(data.path)}")
+        return
+    try:
+        _, needs_template = check_rows(data)
+    except DataError as err:
+        problems.append(f"data.path: {err}")
+        return
+    if needs_template and tokenizer is not None and tokenizer.chat_template is None:
+        problems.append(f"data.chat_template: prompts in {data.path} need a chat template (chat messages, or "
+                        f"data.chat_template 'always') and the tokenizer has none; use plain-string prompts with "
+                        f"data.chat_template 'auto' or 'never'")
+
+
+def _reward(reward: RewardConfig, problems: list[str]) -> None:
+    from distrl.workers.rewards import resolve_reward
+
+    try:
+        resolve_reward(reward.function)
+    except ValueError as err:
+        problems.append(f"reward.function: {err}")
+
+
+def _run_dir(run: RunConfig, problems: list[str]) -> None:
+    """RUN_DIR can be made (or is a directory) and written, and holds no run that resume/overwrite do not cover."""
+    path = Path(run.output_dir) / run.name
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        field = "run.name" if existing == path else "run.output_dir"
+        problems.append(f"{field}: {existing} is a file, so the run directory {path} cannot be made")
+        return
+    if not os.access(existing, os.W_OK | os.X_OK):
+        problems.append(f"run.output_dir: no permission to write in {existing}, where the run directory {path} "
+                        f"would be")
+        return
+    problem = reuse_problem(path, run)
+    if problem:
+        problems.append(f"run.name: {problem}")
+    found = checkpoint.latest(path) if run.resume and path.is_dir() else None
+    unusable = checkpoint.problem(found) if found else None
+    if unusable:
+        problems.append(f"run.resume: {unusable}")
+
+
+def _relative_note(path: str) -> str:
+    return "" if Path(path).is_absolute() else f" (relative to the working directory {Path.cwd()})"
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())

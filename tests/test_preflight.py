@@ -1,0 +1,177 @@
+"""The preflight finds what would fail a run once its actors are up, before Ray starts: each problem on one line
+that names its config field (and file:line for data), all of them at once, in `distrl validate` and `distrl train`
+alike (exit code 2, no traceback, no run directory left behind)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distrl import config
+from distrl.preflight import PreflightError, check, context_length
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_cfg(tiny_model_dir, toy_dataset, tmp_path, **sections) -> config.Config:
+    """A config that passes the preflight, with `sections` merged into it."""
+    tree = {"model": {"path": str(tiny_model_dir)}, "data": {"path": str(toy_dataset), "max_prompt_tokens": 64},
+            "rollout": {"sampling": {"max_new_tokens": 16}}, "reward": {"function": "distrl.workers.rewards:toy"},
+            "run": {"output_dir": str(tmp_path / "runs"), "name": "r"}}
+    for section, values in sections.items():
+        tree[section] = {**tree.get(section, {}), **values}
+    return config.from_dict(tree)
+
+
+def problems(cfg) -> list[str]:
+    with pytest.raises(PreflightError) as err:
+        check(cfg)
+    return err.value.problems
+
+
+def test_a_runnable_config_passes(tiny_model_dir, toy_dataset, tmp_path):
+    check(make_cfg(tiny_model_dir, toy_dataset, tmp_path))
+    check(make_cfg(tiny_model_dir, toy_dataset, tmp_path, model={"path": str(tmp_path / "built-later"),
+                                                                 "create_tiny_if_missing": True}))
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "built-later").exists()  # checks create nothing
+
+
+def _no_config(tmp_path: Path) -> dict:
+    (tmp_path / "empty-model").mkdir()
+    return {"model": {"path": str(tmp_path / "empty-model")}}
+
+
+def _bad_line(tmp_path: Path) -> dict:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "Count on: 1 2"}\n\n{"prompt": "unterminated\n')
+    return {"data": {"path": str(path)}}
+
+
+def _no_prompt_field(tmp_path: Path) -> dict:
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"prompt": "Count on: 1 2"}\n{"question": "hi"}\n')
+    return {"data": {"path": str(path)}}
+
+
+def _file_in_the_way(tmp_path: Path) -> dict:
+    (tmp_path / "file").write_text("")
+    return {"run": {"output_dir": str(tmp_path / "file" / "runs")}}
+
+
+def _no_tokenizer(tmp_path: Path, tiny_model_dir: Path) -> dict:
+    (tmp_path / "no-tok").mkdir()
+    (tmp_path / "no-tok" / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    return {"model": {"path": str(tmp_path / "no-tok")}}
+
+
+def _used_run_dir(tmp_path: Path) -> dict:
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / "metrics.jsonl").write_text('{"step": 1}\n')
+    return {}
+
+
+def _pickled_checkpoint(tmp_path: Path) -> dict:
+    (tmp_path / "runs" / "r" / "checkpoints" / "step_000002").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / "checkpoints" / "step_000002" / "learner_state.pt").write_bytes(b"PK\x03\x04")
+    return {"run": {"resume": True}}
+
+
+CASES = [
+    # (id, sections (a function of tmp_path and the tiny model's directory), the one problem expected: a regex)
+    ("missing model dir", lambda t, m: {"model": {"path": str(t / "nope")}}, r"^model\.path: .*/nope does not exist$"),
+    ("no config.json", lambda t, m: _no_config(t), r"^model\.path: .*/empty-model holds no config\.json$"),
+    ("no tokenizer", _no_tokenizer, r"^model\.path: cannot load a tokenizer from .*/no-tok: "),
+    ("context too short", lambda t, m: {"data": {"max_prompt_tokens": 500}},
+     r"^rollout\.sampling\.max_new_tokens: data\.max_prompt_tokens \+ rollout\.sampling\.max_new_tokens = 500 \+ 16 "
+     r"= 516 tokens, more than the model's context of 512 \(max_position_embeddings"),
+    ("max_model_len too long", lambda t, m: {"rollout": {"max_model_len": 1024}},
+     r"^rollout\.max_model_len: 1024 tokens, more than the model's context of 512"),
+    ("tiny model to build, context too short",
+     lambda t, m: {"model": {"path": str(t / "later"), "create_tiny_if_missing": True},
+                   "rollout": {"sampling": {"max_new_tokens": 500}}},
+     r"^rollout\.sampling\.max_new_tokens: .* 64 \+ 500 = 564 tokens, more than the model's context of 512 "
+     r"\(max_position_embeddings of the tiny model"),
+    ("missing data file", lambda t, m: {"data": {"path": str(t / "none.jsonl")}},
+     r"^data\.path: .*/none\.jsonl does not exist$"),
+    ("malformed jsonl line", lambda t, m: _bad_line(t), r"^data\.path: .*/bad\.jsonl:3: not valid JSON"),
+    ("row without prompt", lambda t, m: _no_prompt_field(t),
+     r"^data\.path: .*/q\.jsonl:2: no prompt field 'prompt' \(data\.prompt_key\)"),
+    ("bad reward import", lambda t, m: {"reward": {"function": "distrl.nowhere:score"}},
+     r"^reward\.function: reward function 'distrl\.nowhere:score': cannot import module 'distrl\.nowhere'"),
+    ("reward not in module", lambda t, m: {"reward": {"function": "distrl.workers.rewards:nothing"}},
+     r"^reward\.function: .* has no attribute 'nothing'"),
+    ("output dir under a file", lambda t, m: _file_in_the_way(t),
+     r"^run\.output_dir: .*/file is a file, so the run directory .*/file/runs/r cannot be made$"),
+    ("run dir holds a run", lambda t, m: _used_run_dir(t),
+     r"^run\.name: .*/runs/r already holds a run: set run\.resume=true .* run\.overwrite=true"),
+    ("resume from a pickled checkpoint", lambda t, m: _pickled_checkpoint(t),
+     r"^run\.resume: checkpoint .*step_000002 holds learner_state\.pt, a pickle"),
+]
+
+
+@pytest.mark.parametrize("sections,expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_each_problem_names_its_field(tiny_model_dir, toy_dataset, tmp_path, sections, expected):
+    found = problems(make_cfg(tiny_model_dir, toy_dataset, tmp_path, **sections(tmp_path, tiny_model_dir)))
+    assert len(found) == 1, found
+    assert re.search(expected, found[0]), found[0]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_an_unwritable_output_dir(tiny_model_dir, toy_dataset, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    found = problems(make_cfg(tiny_model_dir, toy_dataset, tmp_path, run={"output_dir": str(locked / "runs")}))
+    assert found == [f"run.output_dir: no permission to write in {locked}, where the run directory "
+                     f"{locked / 'runs' / 'r'} would be"]
+
+
+def test_every_problem_is_reported_at_once(tiny_model_dir, toy_dataset, tmp_path):
+    cfg = make_cfg(tiny_model_dir, toy_dataset, tmp_path, data={"path": str(tmp_path / "none.jsonl")},
+                   reward={"function": "nowhere:x"}, rollout={"max_model_len": 4096})
+    with pytest.raises(PreflightError) as err:
+        check(cfg)
+    assert [p.split(":")[0] for p in err.value.problems] == ["rollout.max_model_len", "data.path", "reward.function"]
+    assert str(err.value).splitlines()[0] == "cannot start the run: 3 problems"
+
+
+def test_context_length_follows_vllms_rule():
+    from transformers import LlamaConfig
+
+    assert context_length(LlamaConfig(max_position_embeddings=100)) == (100, "max_position_embeddings in the model "
+                                                                             "config")
+    linear = LlamaConfig(max_position_embeddings=100, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    assert context_length(linear)[0] == 400  # linear RoPE scaling stretches the positions
+    yarn = LlamaConfig(max_position_embeddings=100, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                                  "original_max_position_embeddings": 25})
+    assert context_length(yarn)[0] == 100  # YaRN's max_position_embeddings is already the scaled length
+    tokenizer = type("Tokenizer", (), {"model_max_length": 64})()
+    assert context_length(LlamaConfig(max_position_embeddings=100), tokenizer) == (64, "model_max_length of the "
+                                                                                       "tokenizer")
+
+
+# ---------------------------------------------------------------------------------------------------------- CLI
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "distrl.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.parametrize("command", ["validate", "train"])
+def test_cli_prints_one_line_per_problem_and_exits_2(tmp_path, command):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"prompt": oops}\n')
+    config_args = ["configs/quickstart.yaml"] if command == "validate" else ["--config", "configs/quickstart.yaml"]
+    result = _cli(command, *config_args, "--set", f"data.path={bad}", "--set", "data.max_prompt_tokens=600",
+                  "--set", f"model.path={tmp_path / 'tiny'}", "--set", f"run.output_dir={tmp_path / 'runs'}")
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""  # nothing resolved printed, and no Ray started
+    assert result.stderr.splitlines() == [
+        "error: cannot start the run: 2 problems",
+        "  rollout.sampling.max_new_tokens: data.max_prompt_tokens + rollout.sampling.max_new_tokens = 600 + 16 = "
+        "616 tokens, more than the model's context of 512 (max_position_embeddings of the tiny model, model.path "
+        f"{tmp_path / 'tiny'}); lower either",
+        f"  data.path: {bad}:2: not valid JSON (Expecting value, column 12); expected one JSON object per line",
+    ]
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "tiny").exists()
