@@ -41,7 +41,6 @@ class _Chunk:
     actor: int
     tickets: list[int]
     prompts: list[Prompt]
-    started: float
     scoring: list[Any] = field(default_factory=list)  # reward task handles, once generated
     left: set[Any] = field(default_factory=set)  # those not done yet
     rollouts: Any = None
@@ -106,7 +105,7 @@ class Producer:
             handle = self.actors.call(actor, RolloutWorker.generate, prompts, tickets)
             now = time.perf_counter()
             self._idle_time += now - self._idle_since.pop(actor)
-            self.in_flight[handle] = _Chunk(actor, tickets, prompts, now)
+            self.in_flight[handle] = _Chunk(actor, tickets, prompts)
 
     def set_version(self, version: int) -> None:
         """Weights of `version` are on their way to every engine (queued behind the chunk each one runs)."""
@@ -209,12 +208,6 @@ class Producer:
         self._idle_time, self._period_start = 0.0, now
         self._idle_since = dict.fromkeys(self._idle_since, now)
         return idle / span if span > 0 else 0.0
-
-    def drain(self) -> None:
-        """Wait for every chunk in flight (their results are discarded); before the actors go away."""
-        if self.in_flight:
-            self.backend.get(list(self.in_flight))
-        self.in_flight.clear()
 
 
 def staleness_metrics(versions: list[int], step: int) -> dict[str, float]:
