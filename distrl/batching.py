@@ -26,7 +26,7 @@ def to_train_batch(rollouts: Rollouts, pad_id: int) -> TrainBatch:
     response_mask = torch.zeros((b, t))
     rollout_logprobs = torch.zeros((b, t))
     for i, (prompt, response, lps) in enumerate(zip(rollouts.prompt_ids, rollouts.response_ids,
-                                                    rollouts.rollout_logprobs)):
+                                                    rollouts.rollout_logprobs, strict=True)):
         input_ids[i, p - len(prompt) : p] = torch.tensor(prompt)
         attention_mask[i, p - len(prompt) : p + len(response)] = 1
         if response:

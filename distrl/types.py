@@ -12,6 +12,7 @@ Shapes: B sequences, P padded prompt length (left-padded), T padded response len
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -61,7 +62,7 @@ class Rollouts:
         for f in ("prompt_ids", "rollout_logprobs", "response_texts", "finish_reasons", "group"):
             if len(getattr(self, f)) != n:
                 raise ValueError(f"Rollouts.{f} has {len(getattr(self, f))} entries, response_ids has {n}")
-        for i, (ids, lps) in enumerate(zip(self.response_ids, self.rollout_logprobs)):
+        for i, (ids, lps) in enumerate(zip(self.response_ids, self.rollout_logprobs, strict=True)):
             if len(ids) != len(lps):
                 raise ValueError(f"Rollouts sample {i}: {len(ids)} response tokens but {len(lps)} log-probs")
         return self
@@ -149,7 +150,7 @@ class TrainBatch:
         if n <= 0 or n > self.batch_size:
             raise ValueError(f"TrainBatch.split: cannot split a batch of {self.batch_size} into {n} non-empty shards")
         bounds = [round(i * self.batch_size / n) for i in range(n + 1)]
-        return [self.select(slice(a, b)) for a, b in zip(bounds, bounds[1:])]
+        return [self.select(slice(a, b)) for a, b in pairwise(bounds)]
 
     def shard(self, n: int, mini_batch_size: int) -> list[TrainBatch]:
         """n data-parallel shards, mini-batch by mini-batch: shard k holds the k-th n-th of every consecutive

@@ -45,7 +45,7 @@ def generate(actors: ActorGroup[RolloutWorker], prompts: list[Prompt], reward: R
         idle.append(actor)
         part = results[chunk] = ray.get(done)
         items = [(prompts[g].text, text, reward_sample(prompts[g]))
-                 for g, text in zip(part.group, part.response_texts)]
+                 for g, text in zip(part.group, part.response_texts, strict=True)]
         first_row = chunks[chunk][0] * len(part) // len(chunks[chunk])  # every prompt has the same sample count
         scoring[chunk] = rewards.submit(reward, items, first_row)
     return Rollouts.concat(results), [ref for refs in scoring for ref in refs]

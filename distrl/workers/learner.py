@@ -167,7 +167,7 @@ class Learner:
             self._consecutive_nonfinite = 0
         self.optimizer.zero_grad(set_to_none=True)
         metrics = merge_metrics_lists(per_micro, micro_tokens)
-        metrics.update(dict(zip(loss_sums, flags[1:].tolist())))
+        metrics.update(dict(zip(loss_sums, flags[1:].tolist(), strict=True)))
         metrics["learner/grad_norm"] = grad_norm
         return metrics
 

@@ -66,13 +66,14 @@ class RolloutWorker:
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p.prompt_ids) for p in prompts], params,
                                     use_tqdm=False)
         out = Rollouts([], [], [], [], [], [], policy_version=self.policy_version)
-        for prompt, group, request in zip(prompts, groups, outputs):
+        for prompt, group, request in zip(prompts, groups, outputs, strict=True):
             for completion in request.outputs:
                 ids = list(completion.token_ids)
                 out.prompt_ids.append(list(prompt.prompt_ids))
                 out.response_ids.append(ids)
                 # With logprobs=0 each position holds exactly the sampled token's entry.
-                out.rollout_logprobs.append([step[tok].logprob for tok, step in zip(ids, completion.logprobs)])
+                out.rollout_logprobs.append([step[tok].logprob
+                                             for tok, step in zip(ids, completion.logprobs, strict=True)])
                 out.response_texts.append(completion.text)
                 out.finish_reasons.append(completion.finish_reason or "length")
                 out.group.append(group)
@@ -116,5 +117,6 @@ class RolloutWorker:
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
                                     use_tqdm=False)
-        return [[step[tok].logprob for tok, step in zip(seq[prompt_len:], out.prompt_logprobs[prompt_len:])]
-                for seq, out in zip(sequences, outputs)]
+        return [[step[tok].logprob
+                 for tok, step in zip(seq[prompt_len:], out.prompt_logprobs[prompt_len:], strict=True)]
+                for seq, out in zip(sequences, outputs, strict=True)]
