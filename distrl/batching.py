@@ -20,7 +20,7 @@ def to_train_batch(rollouts: Rollouts, pad_id: int) -> TrainBatch:
     """Left-pad prompts to P, right-pad responses to T; advantages start at zero."""
     b = len(rollouts)
     p = max(len(ids) for ids in rollouts.prompt_ids)
-    t = max(1, max(len(ids) for ids in rollouts.response_ids))
+    t = max(1, *map(len, rollouts.response_ids))
     input_ids = torch.full((b, p + t), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((b, p + t), dtype=torch.long)
     response_mask = torch.zeros((b, t))

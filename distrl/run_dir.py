@@ -78,7 +78,7 @@ class RunDir:
         lengths = [len(r) for r in rollouts.response_ids]
         tokens = sum(lengths)
         step_time = time.perf_counter() - self._step_start
-        m: dict[str, float | None] = {key: None for key in ALWAYS}
+        m: dict[str, float | None] = dict.fromkeys(ALWAYS)
         m.update({
             "policy_version": float(rollouts.policy_version),  # the weights that sampled this step
             "reward/mean": statistics.fmean(rewards), "reward/std": statistics.pstdev(rewards),

@@ -76,7 +76,8 @@ class Rollouts:
         if len(versions) != 1:
             raise ValueError(f"Rollouts.concat: parts come from different policy versions {sorted(versions)}")
         return Rollouts(
-            **{f.name: [x for p in parts for x in getattr(p, f.name)] for f in fields(Rollouts) if f.name != "policy_version"},
+            **{f.name: [x for p in parts for x in getattr(p, f.name)]
+               for f in fields(Rollouts) if f.name != "policy_version"},
             policy_version=parts[0].policy_version,
         ).validate()
 

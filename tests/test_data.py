@@ -70,7 +70,7 @@ def test_parquet(tmp_path, tokenizer):
 
     path = tmp_path / "d.parquet"
     pq.write_table(pa.table({"question": ["Count on: 1 2", "Count on: 5 6"], "target": [3, 7]}), path)
-    prompts, stats = load(path, tokenizer, prompt_key="question", answer_key="target")
+    prompts, _ = load(path, tokenizer, prompt_key="question", answer_key="target")
     assert [(p.text, p.answer) for p in prompts] == [("Count on: 1 2", "3"), ("Count on: 5 6", "7")]
     assert prompts[1].sample == {"question": "Count on: 5 6", "target": 7}
     with pytest.raises(DataError, match=rf"{path}: row 0: no prompt field 'prompt'"):
@@ -209,7 +209,7 @@ def test_iterator_is_deterministic_per_seed():
 
 def test_each_epoch_is_a_fresh_permutation():
     it = PromptIterator(make_prompts(12), 4, seed=0)
-    epochs = [sum(take(it, 3), []) for _ in range(3)]
+    epochs = [[i for batch in take(it, 3) for i in batch] for _ in range(3)]
     assert all(sorted(e) == list(range(12)) for e in epochs)
     assert epochs[0] != list(range(12)) and len({tuple(e) for e in epochs}) == 3
     assert it.epoch == 2

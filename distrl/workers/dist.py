@@ -37,7 +37,7 @@ def all_reduce_grads_(params: list[torch.nn.Parameter], bucket_bytes: int = 32 *
     grads = [p.grad for p in params if p.grad is not None]
     bucket: list[torch.Tensor] = []
     size = 0
-    for g in grads + [None]:
+    for g in [*grads, None]:
         if g is not None:
             bucket.append(g)
             size += g.numel() * g.element_size()
