@@ -16,6 +16,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # ray is imported only when a RayMetricsSink writes
+    from ray.util.metrics import Gauge
 
 
 class Sink(ABC):
@@ -60,7 +64,7 @@ class RayMetricsSink(Sink):
 
     def __init__(self, run_name: str):
         self.tags = {"run": run_name}
-        self.gauges: dict[str, object] = {}
+        self.gauges: dict[str, Gauge] = {}
 
     def write(self, step: int, metrics: dict[str, float | None]) -> None:
         from ray.util.metrics import Gauge

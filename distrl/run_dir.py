@@ -66,8 +66,7 @@ class RunDir:
         if self.cfg.run.progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(steps, desc="train", unit="step", dynamic_ncols=True)
-            steps = self.bar
+            steps = self.bar = tqdm(steps, desc="train", unit="step", dynamic_ncols=True)
         # A step runs from the end of the previous step's metrics to the end of its own, so the time spent
         # logging step k is counted (as driver overhead) in step k+1, and the steps' times add up to the run's.
         self._step_start = time.perf_counter()

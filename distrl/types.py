@@ -11,6 +11,7 @@ Shapes: B sequences, P padded prompt length (left-padded), T padded response len
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from itertools import pairwise
 from typing import Any
@@ -136,8 +137,9 @@ class TrainBatch:
                 raise ValueError(f"TrainBatch.{name} is {tuple(x.shape)}, expected {(b, t)}")
         return self
 
-    def _map(self, fn) -> TrainBatch:
-        return replace(self, **{n: fn(getattr(self, n)) for n in _BATCH_TENSORS if getattr(self, n) is not None})
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TrainBatch:
+        changes: dict[str, Any] = {n: fn(getattr(self, n)) for n in _BATCH_TENSORS if getattr(self, n) is not None}
+        return replace(self, **changes)
 
     def to(self, device: torch.device | str) -> TrainBatch:
         return self._map(lambda x: x.to(device))

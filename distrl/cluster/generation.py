@@ -33,7 +33,7 @@ def generate(actors: ActorGroup[RolloutWorker], prompts: list[Prompt], reward: R
     chunks = [list(range(i, min(i + size, len(prompts)))) for i in range(0, len(prompts), size)]
     queue, idle = deque(range(len(chunks))), list(range(len(actors)))
     pending: dict[ray.ObjectRef, tuple[int, int]] = {}
-    results: list[Rollouts | None] = [None] * len(chunks)
+    results: dict[int, Rollouts] = {}
     scoring: list[list[ray.ObjectRef]] = [[] for _ in chunks]
     while queue or pending:
         while queue and idle:
@@ -48,7 +48,7 @@ def generate(actors: ActorGroup[RolloutWorker], prompts: list[Prompt], reward: R
                  for g, text in zip(part.group, part.response_texts, strict=True)]
         first_row = chunks[chunk][0] * len(part) // len(chunks[chunk])  # every prompt has the same sample count
         scoring[chunk] = rewards.submit(reward, items, first_row)
-    return Rollouts.concat(results), [ref for refs in scoring for ref in refs]
+    return Rollouts.concat([results[c] for c in range(len(chunks))]), [ref for refs in scoring for ref in refs]
 
 
 def generate_and_score(actors: ActorGroup[RolloutWorker], prompts: list[Prompt], reward: RewardConfig,

@@ -46,7 +46,7 @@ class ActorGroup(Generic[W]):
                ) -> ActorGroup[W]:
         """Start `resources.num_actors` actors of `worker`; `init(i)` gives actor i's constructor (args, kwargs)."""
         remote_cls = ray.remote(worker)
-        actors = []
+        actors: list[Any] = []  # Ray types a handle ActorHandle[W] | type[W], so that method calls type-check
         for i in range(resources.num_actors):
             args, kwargs = init(i)
             actors.append(remote_cls.options(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import ray
 from ray.exceptions import RayTaskError
 
@@ -13,7 +15,8 @@ Item = tuple[str, str, dict]
 
 
 @ray.remote
-def _score(spec: str, items: list[Item], on_error: str, first_index: int) -> tuple[list[float], int]:
+def _score(spec: str, items: list[Item], on_error: Literal["raise", "zero"], first_index: int,
+           ) -> tuple[list[float], int]:
     return score_batch(spec, items, on_error, first_index)
 
 

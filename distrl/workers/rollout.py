@@ -11,6 +11,7 @@ temperature; what remains of the difference (dtype, kernels, truncation) is the 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -34,7 +35,7 @@ class RolloutWorker:
         self.cfg = cfg
         self.policy_version = 0
         on_gpu = torch.cuda.is_available()
-        engine_args = dict(
+        engine_args: dict[str, Any] = dict(
             model=resolve_model_path(model),
             tokenizer=model.tokenizer,
             trust_remote_code=model.trust_remote_code,
