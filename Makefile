@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # pip's index of local mirrors prints one warning per package it does not hold; they are noise here.
 QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: install quickstart test test-fast bench clean
+.PHONY: install quickstart lint test test-fast bench clean
 
 install: $(STAMP)
 
@@ -26,10 +26,15 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 quickstart: install
 	$(VENV)/bin/distrl train --config configs/quickstart.yaml
 
-test: install
+# Lint and type check (rules in pyproject.toml, reasons in CONTRIBUTING.md); both test targets run it first.
+lint: install
+	$(VENV)/bin/ruff check distrl tests bench
+	$(VENV)/bin/mypy distrl
+
+test: install lint
 	$(PY) -m pytest tests
 
-test-fast: install
+test-fast: install lint
 	$(PY) -m pytest tests -m "not e2e"
 
 bench: install

@@ -20,7 +20,7 @@ def pad(rollouts: Rollouts, pad_id: int) -> Sequences:
     """Left-pad prompts to P, right-pad responses to T (at least 1)."""
     b = len(rollouts)
     p = max(len(ids) for ids in rollouts.prompt_ids)
-    t = max(1, max(len(ids) for ids in rollouts.response_ids))
+    t = max(1, *(len(ids) for ids in rollouts.response_ids))
     input_ids = torch.full((b, p + t), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((b, p + t), dtype=torch.long)
     response_mask = torch.zeros((b, t))

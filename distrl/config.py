@@ -20,11 +20,11 @@ from distrl.config_sources import ConfigError, Origins, apply_override, format_v
 
 __all__ = [
     "AlgorithmConfig",
+    "AsyncLoop",
     "ClusterConfig",
     "Config",
     "ConfigError",
     "CorrectionConfig",
-    "AsyncLoop",
     "DataConfig",
     "DynamicSamplingConfig",
     "KLConfig",
@@ -431,9 +431,10 @@ class Config(Section):
         return self.loop.max_staleness if isinstance(self.loop, AsyncLoop) else 0
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> Config:
+    def _cross_checks(self) -> Config:  # noqa: PLR0912 -- one flat list of independent checks, each one branch
         errors: list[str] = []
-        if isinstance(self.loop, AsyncLoop) and self.algorithm.old_logprobs == "rollout" and self.loss.correction is None:
+        bypass = self.algorithm.old_logprobs == "rollout"
+        if isinstance(self.loop, AsyncLoop) and bypass and self.loss.correction is None:
             errors.append("loop.mode 'async' with algorithm.old_logprobs 'rollout' and no loss.correction trains on "
                           "stale samples as if they were on-policy (the combination AReaL shows to collapse): use "
                           "algorithm.old_logprobs 'recompute', whose correction (e.g. loss.correction.mode tis) "

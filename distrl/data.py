@@ -168,13 +168,13 @@ def _token_ids(tokenizer, texts: list[str], templated: list[bool]) -> list[list[
     too), as does a plain prompt that starts with BOS; every other plain prompt gets the tokenizer's own.
     """
     bos = tokenizer.bos_token
-    add = [not t and not (bos and text.startswith(bos)) for text, t in zip(texts, templated)]
+    add = [not t and not (bos and text.startswith(bos)) for text, t in zip(texts, templated, strict=True)]
     ids: list[list[int]] = [[] for _ in texts]
     for flag in (True, False):
         idx = [i for i, a in enumerate(add) if a == flag]
         if idx:  # one batched call per setting: much faster than a call per row on large datasets
             encoded = tokenizer([texts[i] for i in idx], add_special_tokens=flag)["input_ids"]
-            for i, row_ids in zip(idx, encoded):
+            for i, row_ids in zip(idx, encoded, strict=True):
                 ids[i] = list(row_ids)
     return ids
 

@@ -20,8 +20,15 @@ from typing import Any
 from distrl.batching import pad
 from distrl.cluster.producer import BatchStats
 from distrl.cluster.weight_sync import PendingSync
-from distrl.driver import Job, complete_batch, end_step, finish_update, start_old_logprobs, start_reference, \
-    start_update
+from distrl.driver import (
+    Job,
+    complete_batch,
+    end_step,
+    finish_update,
+    start_old_logprobs,
+    start_reference,
+    start_update,
+)
 from distrl.types import ScoredRollouts
 
 

@@ -16,13 +16,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # ray is imported only when a RayMetricsSink writes
+    from ray.util.metrics import Gauge
 
 
 class Sink(ABC):
     @abstractmethod
     def write(self, step: int, metrics: dict[str, float | None]) -> None: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 -- deliberately a no-op by default: a sink may hold no files
         """Flush and release files."""
 
 
@@ -60,7 +64,7 @@ class RayMetricsSink(Sink):
 
     def __init__(self, run_name: str):
         self.tags = {"run": run_name}
-        self.gauges: dict[str, object] = {}
+        self.gauges: dict[str, Gauge] = {}
 
     def write(self, step: int, metrics: dict[str, float | None]) -> None:
         from ray.util.metrics import Gauge

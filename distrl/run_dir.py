@@ -122,8 +122,7 @@ class RunDir:
         if self.cfg.run.progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(steps, desc="train", unit="step", dynamic_ncols=True)
-            steps = self.bar
+            steps = self.bar = tqdm(steps, desc="train", unit="step", dynamic_ncols=True)
         # A step runs from the end of the previous step's metrics to the end of its own, so the time spent
         # logging step k is counted (as driver overhead) in step k+1, and the steps' times add up to the run's.
         self._step_start = time.perf_counter()
@@ -138,7 +137,7 @@ class RunDir:
         lengths = [len(r) for r in rollouts.response_ids]
         tokens = sum(lengths)
         step_time = time.perf_counter() - self._step_start
-        m: dict[str, float | None] = {key: None for key in ALWAYS}
+        m: dict[str, float | None] = dict.fromkeys(ALWAYS)
         m.update({
             "policy_version": float(max(rollouts.policy_version)),  # the newest weights that sampled this batch
             "reward/mean": statistics.fmean(scored.rewards), "reward/std": statistics.pstdev(scored.rewards),

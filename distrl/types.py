@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from itertools import pairwise
 from typing import Any, TypeVar
 
 import torch
@@ -108,7 +109,7 @@ class ScoredRollouts:
         bounds = [*starts, len(self)]
         return [ScoredRollouts(self.rollouts.select(list(range(a, b))), self.rewards[a:b],
                                self.reward_errors if k == 0 else 0)
-                for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
+                for k, (a, b) in enumerate(pairwise(bounds))]
 
     @staticmethod
     def concat(parts: list[ScoredRollouts]) -> ScoredRollouts:
@@ -137,7 +138,7 @@ def _split_rows(batch: R, n: int) -> list[R]:
     if n <= 0 or n > size:
         raise ValueError(f"{type(batch).__name__}.split: cannot split a batch of {size} into {n} non-empty shards")
     bounds = [round(i * size / n) for i in range(n + 1)]
-    return [batch.select(slice(a, b)) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [batch.select(slice(a, b)) for a, b in pairwise(bounds)]
 
 
 def _chunk_rows(batch: R, size: int) -> list[R]:

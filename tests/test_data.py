@@ -70,7 +70,7 @@ def test_parquet(tmp_path, tokenizer):
 
     path = tmp_path / "d.parquet"
     pq.write_table(pa.table({"question": ["Count on: 1 2", "Count on: 5 6"], "target": [3, 7]}), path)
-    prompts, stats = load(path, tokenizer, prompt_key="question", answer_key="target")
+    prompts, _ = load(path, tokenizer, prompt_key="question", answer_key="target")
     assert [(p.text, p.answer) for p in prompts] == [("Count on: 1 2", "3"), ("Count on: 5 6", "7")]
     assert prompts[1].sample == {"question": "Count on: 5 6", "target": 7}
     with pytest.raises(DataError, match=rf"{path}: row 0: no prompt field 'prompt'"):

@@ -9,7 +9,6 @@ import pytest
 
 from distrl import config
 from distrl.driver import train
-
 from tests.hf_rollout import HFRolloutWorker
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -70,7 +70,9 @@ def test_extract_number_prefers_the_last_marker_and_first_number_inside_it():
     assert extract_number("\\boxed{1} \\boxed{2}") == 2.0
     assert extract_number("\\boxed{x = 12 or 13}") == 12.0
     assert extract_number("values 3, 8 and 9") == 9.0
-    assert (extract_number("#### -5"), extract_number("-$1,000.5"), extract_number("\\boxed{+2}")) == (-5.0, -1000.5, 2.0)
+    assert extract_number("#### -5") == -5.0
+    assert extract_number("-$1,000.5") == -1000.5
+    assert extract_number("\\boxed{+2}") == 2.0
     assert extract_number("nothing") is None
 
 

@@ -36,7 +36,7 @@ def used_run(tmp_path, steps=3) -> RunDir:
 
 def test_a_used_run_directory_is_refused(tmp_path):
     used_run(tmp_path)
-    with pytest.raises(FileExistsError, match="run.resume=true .* run.overwrite=true"):
+    with pytest.raises(FileExistsError, match=r"run\.resume=true .* run\.overwrite=true"):
         RunDir(cfg(tmp_path))
 
 

@@ -17,7 +17,7 @@ GroupEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_p
 
 
 @torch.no_grad()
-def group_advantages(rewards: torch.Tensor, group_size: int, estimator: GroupEstimator,
+def group_advantages(rewards: torch.Tensor, group_size: int, estimator: GroupEstimator | Literal["gae"],
                      eps: float = 1e-6, whiten: bool = False) -> torch.Tensor:
     """Sequence advantages `[B]` from rewards `[B]`, groups of `group_size` contiguous rows.
 

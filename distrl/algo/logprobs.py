@@ -11,6 +11,7 @@ which `gradcheck` uses).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -44,7 +45,7 @@ def _chunk_log_softmax(chunk: torch.Tensor, temperature: float, lse: torch.Tenso
 
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, ids: torch.Tensor, temperature: float, rows: int) -> torch.Tensor:
+    def forward(ctx: Any, logits: torch.Tensor, ids: torch.Tensor, temperature: float, rows: int) -> torch.Tensor:
         b, t, _ = logits.shape
         dtype = torch.promote_types(logits.dtype, torch.float32)
         lse = torch.empty((b, t), dtype=dtype, device=logits.device)
@@ -59,10 +60,10 @@ class _TokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: torch.Tensor):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         logits, ids, lse = ctx.saved_tensors
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        for bs, ts in _blocks(*lse.shape, ctx.rows):
+        for bs, ts in _blocks(lse.shape[0], lse.shape[1], ctx.rows):
             g = grad_out[bs, ts].to(lse.dtype).unsqueeze(-1)
             # d log p_y / d z_j = (1[j = y] - p_j) / temperature
             p = _chunk_log_softmax(logits[bs, ts], ctx.temperature, lse[bs, ts]).exp_()
@@ -73,7 +74,7 @@ class _TokenLogprobs(torch.autograd.Function):
 
 class _Entropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, temperature: float, rows: int) -> torch.Tensor:
+    def forward(ctx: Any, logits: torch.Tensor, temperature: float, rows: int) -> torch.Tensor:
         b, t, _ = logits.shape
         dtype = torch.promote_types(logits.dtype, torch.float32)
         lse = torch.empty((b, t), dtype=dtype, device=logits.device)
@@ -89,10 +90,10 @@ class _Entropy(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: torch.Tensor):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         logits, lse, entropy = ctx.saved_tensors
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        for bs, ts in _blocks(*lse.shape, ctx.rows):
+        for bs, ts in _blocks(lse.shape[0], lse.shape[1], ctx.rows):
             g = grad_out[bs, ts].to(lse.dtype).unsqueeze(-1)
             # dH / dz_j = -p_j (log p_j + H) / temperature
             logp = _chunk_log_softmax(logits[bs, ts], ctx.temperature, lse[bs, ts])

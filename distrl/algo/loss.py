@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -107,8 +108,8 @@ def compute_loss(inputs: LossInputs, cfg: LossConfig) -> LossOutput:
 
     zero = pg.new_zeros(())
     policy_loss = agg(w * pg)
-    kl_loss = agg(kl) if _kl_in_loss(cfg) else zero
-    entropy_loss = agg(x.entropy) if cfg.entropy_coef > 0 else zero
+    kl_loss = agg(kl) if kl is not None and _kl_in_loss(cfg) else zero
+    entropy_loss = agg(x.entropy) if x.entropy is not None and cfg.entropy_coef > 0 else zero
     loss = policy_loss + cfg.kl.coef * kl_loss - cfg.entropy_coef * entropy_loss
 
     metrics.update({"loss/policy": policy_loss, "loss/kl": kl_loss, "loss/entropy": entropy_loss, "loss/total": loss,
@@ -128,7 +129,8 @@ def _without_padding(inputs: LossInputs) -> LossInputs:
     present = {name: getattr(inputs, name) for name in _TENSORS if getattr(inputs, name) is not None}
     tensors = {name: zero_padding(x, mask) for name, x in present.items()}
     constants = {name: x.detach() for name, x in tensors.items() if name not in ("logprobs", "entropy")}
-    return replace(inputs, mask=mask, **{**tensors, **constants})
+    changes: dict[str, Any] = {**tensors, **constants}
+    return replace(inputs, mask=mask, **changes)
 
 
 def _correction_weights(x: LossInputs, cfg: CorrectionConfig | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

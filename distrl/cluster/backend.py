@@ -47,6 +47,7 @@ class Backend(ABC):
     def wait(self, handles: Sequence[Any], timeout: float | None = None) -> tuple[list[Any], list[Any]]:
         """(handles that are done, the others) once at least one is done or `timeout` seconds have passed."""
 
+    @abstractmethod
     def close(self) -> None:
         """Release what the backend itself started."""
 
@@ -71,7 +72,7 @@ class LocalBackend(Backend):
     def task(self, fn: Callable, *args: Any, num_cpus: float) -> Done:
         try:
             return Done(fn(*args))
-        except Exception as err:  # noqa: BLE001 - handed back like a Ray task error, raised by `get`
+        except Exception as err:
             return Done(error=err)
 
     def get(self, handles: Any) -> Any:
@@ -83,6 +84,9 @@ class LocalBackend(Backend):
 
     def wait(self, handles: Sequence[Any], timeout: float | None = None) -> tuple[list[Any], list[Any]]:
         return list(handles), []
+
+    def close(self) -> None:
+        pass  # nothing was started
 
 
 class RayBackend(Backend):
@@ -110,11 +114,11 @@ class RayBackend(Backend):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         assert placement is not None, "RayBackend.group needs the role's placement (RayBackend.place)"
-        remote_cls = ray.remote(worker)
+        remote_cls: Any = ray.remote(worker)
         actors = []
         for i in range(resources.num_actors):
             args, kwargs = init(i)
-            actors.append(remote_cls.options(  # type: ignore[attr-defined]
+            actors.append(remote_cls.options(
                 name=f"distrl/{run_name}/{role}-{i}",
                 num_cpus=resources.num_cpus,
                 num_gpus=resources.num_gpus,

@@ -11,7 +11,6 @@ import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-
 from typing import Any
 
 import torch

@@ -23,7 +23,7 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def all_reduce_(tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+def all_reduce_(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
     """In-place all-reduce; a no-op with one learner."""
     if world_size() > 1:
         dist.all_reduce(tensor, op=op)
@@ -37,7 +37,7 @@ def all_reduce_grads_(params: list[torch.nn.Parameter], bucket_bytes: int = 32 *
     grads = [p.grad for p in params if p.grad is not None]
     bucket: list[torch.Tensor] = []
     size = 0
-    for g in grads + [None]:
+    for g in [*grads, None]:
         if g is not None:
             bucket.append(g)
             size += g.numel() * g.element_size()

@@ -132,6 +132,7 @@ class Learner:
             with self._autocast:
                 logprobs, entropy = response_logprobs(self.model, micro.sequences, self.temperature,
                                                       with_entropy=self.loss_cfg.entropy_coef > 0)
+            assert micro.old_logprobs is not None  # update() checked the whole batch
             out = compute_loss(
                 LossInputs(logprobs=logprobs, old_logprobs=micro.old_logprobs, advantages=micro.advantages,
                            mask=micro.response_mask, rollout_logprobs=micro.rollout_logprobs,
@@ -164,7 +165,7 @@ class Learner:
             self._consecutive_nonfinite = 0
         self.optimizer.zero_grad(set_to_none=True)
         metrics = merge_metrics_lists(per_micro, micro_tokens)
-        metrics.update(dict(zip(loss_sums, flags[1:].tolist())))
+        metrics.update(dict(zip(loss_sums, flags[1:].tolist(), strict=True)))
         metrics["learner/grad_norm"] = grad_norm
         return metrics
 

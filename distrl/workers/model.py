@@ -47,7 +47,8 @@ def load_causal_lm(cfg: ModelConfig, dtype: str, path: str | None = None, device
     """An HF causal LM in `dtype` on `device`, in train mode off (callers switch it on)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
+    # Typed as a Module: transformers wraps PreTrainedModel.to with functools.wraps, which mypy cannot bind.
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
         resolve_model_path(cfg, path), dtype=DTYPES[dtype], trust_remote_code=cfg.trust_remote_code
     )
     return model.to(device).eval()

@@ -34,4 +34,4 @@ def receive_bucket(comm, spec: Spec, dtype: torch.dtype) -> dict[str, torch.Tens
     flat = torch.empty(sum(numels), dtype=dtype, device="cuda")
     comm.broadcast(flat, src=0, stream=torch.cuda.current_stream())
     torch.cuda.current_stream().synchronize()
-    return {name: part.view(shape) for (name, shape), part in zip(spec, flat.split(numels))}
+    return {name: part.view(shape) for (name, shape), part in zip(spec, flat.split(numels), strict=True)}

@@ -10,7 +10,7 @@ from distrl.workers.model import load_causal_lm, score_in_micro_batches
 
 
 class ReferenceWorker:
-    """`logprobs(batch) -> [B, T]`: reference log-probs of the response tokens, temperature-scaled like the learner's."""
+    """`logprobs(batch) -> [B, T]`: reference log-probs of the response tokens, temperature-scaled as the learner's."""
 
     def __init__(self, cfg: ReferenceConfig, model: ModelConfig, temperature: float):
         self.cfg = cfg
@@ -20,4 +20,5 @@ class ReferenceWorker:
         self.device = device
 
     def logprobs(self, sequences: Sequences) -> torch.Tensor:
-        return score_in_micro_batches(self.model, sequences.to(self.device), self.temperature, self.cfg.micro_batch_size)
+        return score_in_micro_batches(self.model, sequences.to(self.device), self.temperature,
+                                      self.cfg.micro_batch_size)

@@ -83,8 +83,9 @@ def score_batch(spec: str, items: list[tuple[str, str, dict]], on_error: Literal
         # A user's reward function may raise anything; `reward.on_error` is the policy that decides what happens.
         except Exception as err:
             if on_error == "raise":
-                raise RewardError(f"reward function {spec} failed on sample {first_index + i} (prompt {_shorten(prompt)}, "
-                                  f"completion {_shorten(completion)}): {type(err).__name__}: {err}") from err
+                raise RewardError(f"reward function {spec} failed on sample {first_index + i} "
+                                  f"(prompt {_shorten(prompt)}, completion {_shorten(completion)}): "
+                                  f"{type(err).__name__}: {err}") from err
             rewards.append(0.0)
             errors += 1
     return rewards, errors

@@ -11,6 +11,7 @@ temperature; what remains of the difference (dtype, kernels, truncation) is the 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -34,7 +35,7 @@ class RolloutWorker:
         self.cfg = cfg
         self.policy_version = 0
         on_gpu = torch.cuda.is_available()
-        engine_args = dict(
+        engine_args: dict[str, Any] = dict(
             model=resolve_model_path(model),
             tokenizer=model.tokenizer,
             trust_remote_code=model.trust_remote_code,
@@ -73,7 +74,8 @@ class RolloutWorker:
                 out.prompt_ids.append(list(prompt.prompt_ids))
                 out.response_ids.append(ids)
                 # With logprobs=0 each position holds exactly the sampled token's entry.
-                out.rollout_logprobs.append([step[tok].logprob for tok, step in zip(ids, completion.logprobs)])
+                out.rollout_logprobs.append([step[tok].logprob
+                                             for tok, step in zip(ids, completion.logprobs, strict=True)])
                 out.response_texts.append(completion.text)
                 out.finish_reasons.append(completion.finish_reason or "length")
                 out.group.append(group)
@@ -118,5 +120,6 @@ class RolloutWorker:
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
                                     use_tqdm=False)
-        return [[step[tok].logprob for tok, step in zip(seq[prompt_len:], out.prompt_logprobs[prompt_len:])]
-                for seq, out in zip(sequences, outputs)]
+        return [[step[tok].logprob
+                 for tok, step in zip(seq[prompt_len:], out.prompt_logprobs[prompt_len:], strict=True)]
+                for seq, out in zip(sequences, outputs, strict=True)]

@@ -42,8 +42,9 @@ def test_staleness_bound_holds_when_either_side_scales(ray_session, tmp_path, ro
 
 
 def test_dynamic_sampling_trains_on_groups_with_a_signal_only(ray_session, tmp_path):
-    cfg = quickstart(tmp_path, "reward.function=tests.binary_rewards:has_digit", "rollout.dynamic_sampling.max_rounds=20",
-                     "loop.mode=async", "run.steps=4", "rollout.prompts_per_step=4", "learner.micro_batch_size=8")
+    cfg = quickstart(tmp_path, "reward.function=tests.binary_rewards:has_digit",
+                     "rollout.dynamic_sampling.max_rounds=20", "loop.mode=async", "run.steps=4",
+                     "rollout.prompts_per_step=4", "learner.micro_batch_size=8")
     history = train(cfg)
     assert sum(h["dynamic_sampling/filtered_groups"] for h in history) > 0
     assert all(h["dynamic_sampling/cap_reached"] == 0 for h in history)

@@ -22,7 +22,7 @@ def test_bad_config_fails_before_any_actor_starts(tmp_path):
     cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
            "--set", "loss.correction.low=5", "--set", f"run.output_dir={tmp_path}"]
     start = time.monotonic()
-    result = subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 2
     assert "loss.correction.low (5.0) must be < loss.correction.high" in result.stderr
     assert "--set loss.correction.low=5" in result.stderr
@@ -33,7 +33,7 @@ def test_bad_config_fails_before_any_actor_starts(tmp_path):
 def test_unknown_reward_function_fails_before_any_actor_starts(tmp_path):
     cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
            "--set", "reward.function=distrl.nowhere:nothing", "--set", f"run.output_dir={tmp_path}"]
-    result = subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 2 and "reward.function: reward function 'distrl.nowhere:nothing'" in result.stderr
     assert "Traceback" not in result.stderr
     assert "ray: " not in result.stdout
@@ -139,7 +139,7 @@ def test_ray_job_submit_runs_quickstart(local_cluster, tmp_path):
     cmd = ["ray", "job", "submit", "--address", address, "--working-dir", ".", "--",
            "distrl", "train", "--config", "configs/quickstart.yaml", "--set", "run.steps=2",
            "--set", f"run.output_dir={tmp_path}", "--set", "run.progress=false"]
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     assert "succeeded" in result.stdout
     rows = [json.loads(line) for line in (tmp_path / "quickstart" / "metrics.jsonl").read_text().splitlines()]

@@ -19,12 +19,13 @@ REQUIRED_KEYS = {"step", "policy_version", "reward/mean", "response_length/mean"
 def test_quickstart_learns(tmp_path):
     cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
            "--set", f"run.output_dir={tmp_path}", "--set", f"model.path={tmp_path / 'tiny-model'}"]
-    result = subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=900)
+    result = subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=900,
+                            check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "mean reward, first" in result.stdout and "metrics.jsonl" in result.stdout
 
     rows = [json.loads(line) for line in (tmp_path / "quickstart" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 30 and REQUIRED_KEYS <= rows[0].keys()
+    assert len(rows) == 30 and rows[0].keys() >= REQUIRED_KEYS
     first = sum(r["reward/mean"] for r in rows[:5]) / 5
     last = sum(r["reward/mean"] for r in rows[-5:]) / 5
     assert last > first + 0.15, f"did not learn: first 5 steps {first:.3f}, last 5 steps {last:.3f}"

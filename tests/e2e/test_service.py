@@ -72,7 +72,8 @@ def one_step_batch(cfg, roles):
     scored = generate_and_score(roles, prompts[: cfg.rollout.prompts_per_step], cfg.reward)
     sequences = pad(scored.rollouts, tokenizer.pad_token_id)
     old = old_logprobs(roles, sequences)
-    ref = torch.cat(ray.get(roles.reference.map_shards(ReferenceWorker.logprobs, sequences.split(len(roles.reference)))))
+    ref_shards = sequences.split(len(roles.reference))
+    ref = torch.cat(ray.get(roles.reference.map_shards(ReferenceWorker.logprobs, ref_shards)))
     # Make sure the step has signal even if all rewards tie: perturb deterministically.
     rewards = torch.tensor(scored.rewards) + torch.linspace(0, 1, len(scored.rewards))
     adv, _ = advantages(rewards, sequences.response_mask, old, None, cfg.rollout.n_samples_per_prompt, cfg.algorithm,
