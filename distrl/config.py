@@ -372,7 +372,7 @@ class Config(Section):
         return self.loss.kl.coef > 0.0
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> Config:  # noqa: PLR0912 -- one flat list of independent checks, each one branch
+    def _cross_checks(self) -> Config:  # noqa: PLR0912 - one flat list of independent checks, each one branch
         errors: list[str] = []
         adv = self.algorithm.advantage
         g = self.rollout.n_samples_per_prompt
