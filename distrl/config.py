@@ -431,7 +431,7 @@ class Config(Section):
         return self.loop.max_staleness if isinstance(self.loop, AsyncLoop) else 0
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> Config:  # noqa: PLR0912 -- one flat list of independent checks, each one branch
+    def _cross_checks(self) -> Config:  # noqa: PLR0912 - one flat list of independent checks, each one branch
         errors: list[str] = []
         bypass = self.algorithm.old_logprobs == "rollout"
         if isinstance(self.loop, AsyncLoop) and bypass and self.loss.correction is None:

@@ -26,7 +26,7 @@ class Sink(ABC):
     @abstractmethod
     def write(self, step: int, metrics: dict[str, float | None]) -> None: ...
 
-    def close(self) -> None:  # noqa: B027 -- deliberately a no-op by default: a sink may hold no files
+    def close(self) -> None:  # noqa: B027 - deliberately a no-op by default: a sink may hold no files
         """Flush and release files."""
 
 
