@@ -72,7 +72,7 @@ class LocalBackend(Backend):
     def task(self, fn: Callable, *args: Any, num_cpus: float) -> Done:
         try:
             return Done(fn(*args))
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - handed back like a Ray task error, raised by `get`
             return Done(error=err)
 
     def get(self, handles: Any) -> Any:

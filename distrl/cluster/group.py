@@ -116,7 +116,7 @@ class LocalGroup(ActorGroup[W]):
         try:
             args = tuple(self.backend.get(a) if isinstance(a, Done) else a for a in args)
             return Done(getattr(self.workers[index], method_name(method))(*args, **kwargs))
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - handed back like a Ray task error, raised by `get`
             return Done(error=err)
 
     def kill(self) -> None:

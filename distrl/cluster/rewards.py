@@ -33,7 +33,7 @@ def collect(backend: Backend, handles: list[Any]) -> tuple[list[float], int]:
     for handle in handles:
         try:
             scores, n_errors = backend.get(handle)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - kept, and raised once every task is retrieved
             failure = failure or err
             continue
         rewards += scores
