@@ -54,20 +54,28 @@ class Job:
 def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
     """Run `cfg.run.steps` steps; returns every step's metrics (also in RUN_DIR/metrics.jsonl). `rollout_worker`
     is the engine class (vLLM's `RolloutWorker`; tests of the loop pass one that samples with HF)."""
-    preflight.check(cfg)  # model, data, reward and run directory, before Ray or any actor starts
+    startup = PhaseTimer()
+    with startup("preflight"):
+        preflight.check(cfg)  # model, data, reward and run directory, before Ray or any actor starts
     with ExitStack() as cleanup:
         run = cleanup.enter_context(closing(RunDir(cfg)))
-        backend = connect(cfg.cluster)
-        cleanup.callback(backend.close)
+        with startup("cluster"):
+            backend = connect(cfg.cluster)
+            cleanup.callback(backend.close)
         print(backend.description)
-        tokenizer = load_tokenizer(cfg.model)
-        prompts, data_stats = load_prompts(cfg.data, tokenizer)
-        stream = PromptStream(prompts, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
+        with startup("data"):
+            tokenizer = load_tokenizer(cfg.model)
+            prompts, data_stats = load_prompts(cfg.data, tokenizer)
+            stream = PromptStream(prompts, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
         found = checkpoint.latest(run.path) if cfg.run.resume else None
         done = checkpoint.driver_state(found) if found else {"step": 0}
-        roles = cleanup.enter_context(started_roles(cfg, backend, done["step"] + 1, rollout_worker))
-        restore(found, done, run, roles, stream)
-        roles.sync.push(version=done["step"])
+        with startup("actors"):  # until every engine serves the first weights
+            roles = cleanup.enter_context(started_roles(cfg, backend, done["step"] + 1, rollout_worker))
+            restore(found, done, run, roles, stream)
+            roles.sync.push(version=done["step"])
+        times = startup.pop()
+        print(f"started in {sum(times.values()):.1f} s: "
+              + ", ".join(f"{k.removeprefix('time/')} {v:.1f} s" for k, v in times.items()))
         producer = Producer(roles.rollout, stream, cfg.reward, prompts_per_step=cfg.rollout.prompts_per_step,
                             max_staleness=cfg.max_staleness, chunk_prompts=cfg.rollout.chunk_prompts,
                             dynamic_sampling=cfg.rollout.dynamic_sampling, version=done["step"])
