@@ -296,6 +296,10 @@ class RoleResources(Section):
     """CPUs reserved per actor."""
     num_gpus: float = Field(default=0.0, ge=0.0)
     """GPUs reserved per actor (0 on a CPU-only machine)."""
+    num_threads: int | None = Field(default=None, gt=0)
+    """Compute threads per actor (OMP_NUM_THREADS, which torch and vLLM's CPU kernels follow); null means
+    num_cpus rounded up. More threads than reserved CPUs pays when roles take turns (the synchronous loop): a role
+    that runs alone can use the cores the idle ones reserved."""
 
 
 class ClusterConfig(Section):

@@ -10,7 +10,7 @@ import pytest
 
 from distrl import config
 from distrl.cluster.producer import reward_sample
-from distrl.cluster.roles import engine_seed
+from distrl.cluster.roles import actor_env, engine_seed
 from distrl.run_dir import RunDir
 from distrl.types import Prompt, Rollouts, ScoredRollouts
 from distrl.workers.learner import merge_metrics
@@ -157,3 +157,13 @@ def test_a_directory_without_steps_is_not_a_run(tmp_path):
 def test_a_run_with_steps_keeps_everything_on_close(tmp_path):
     run = used_run(tmp_path, steps=1)
     assert sorted(p.name for p in run.path.iterdir()) == ["config.yaml", "metrics.jsonl"]
+
+
+def test_actor_threads_follow_reserved_cpus_unless_set():
+    c = config.from_dict({"model": {"path": "m"}, "data": {"path": "d"}, "cluster": {
+        "learner": {"num_cpus": 0.5, "num_threads": 2}, "rollout": {"num_cpus": 1.5},
+        "actor_env": {"TOKENIZERS_PARALLELISM": "true"}}})
+    assert actor_env(c.cluster.rollout, c)["OMP_NUM_THREADS"] == "2"  # 1.5 CPUs rounded up
+    assert actor_env(c.cluster.reference, c)["OMP_NUM_THREADS"] == "1"  # fractional: one thread
+    learner = actor_env(c.cluster.learner, c)
+    assert learner["OMP_NUM_THREADS"] == "2" and learner["TOKENIZERS_PARALLELISM"] == "true"  # actor_env wins

@@ -29,9 +29,11 @@ class Roles:
     sync: WeightSync
 
 
-def _env(r: RoleResources, cfg: Config, extra: dict[str, str] | None = None) -> dict[str, str]:
+def actor_env(r: RoleResources, cfg: Config, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of a role's actors: its thread count, then `extra` (the role's own), then `cluster.actor_env`."""
     # Ray gives fractional-CPU actors one OpenMP thread; name it explicitly so torch and vLLM agree.
-    env = {"OMP_NUM_THREADS": str(max(1, math.ceil(r.num_cpus))), "TOKENIZERS_PARALLELISM": "false"}
+    threads = r.num_threads or max(1, math.ceil(r.num_cpus))
+    env = {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     return {**env, **(extra or {}), **cfg.cluster.actor_env}
 
 
@@ -75,13 +77,13 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
     rollout_seed = engine_seed(cfg, first_step)
     rollout = backend.group(
         rollout_worker, "rollout", c.rollout, placements["rollout"], run_name=name,
-        env=_env(c.rollout, cfg, ENGINE_ENV),
+        env=actor_env(c.rollout, cfg, ENGINE_ENV),
         # Distinct seeds: engines with the same seed draw identical samples.
         init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.data.max_prompt_tokens,
                                                        seed=rollout_seed + i)))
     groups.append(rollout)
     learner = backend.group(
-        Learner, "learner", c.learner, placements["learner"], run_name=name, env=_env(c.learner, cfg),
+        Learner, "learner", c.learner, placements["learner"], run_name=name, env=actor_env(c.learner, cfg),
         init=lambda i: ((cfg.model, cfg.learner, cfg.loss), dict(
             temperature=temperature, norm_len=cfg.loss.norm_len or cfg.rollout.sampling.max_new_tokens,
             mini_batch_size=cfg.mini_batch_size, total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed)))
@@ -90,7 +92,7 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
     if cfg.needs_reference:
         reference = backend.group(
             ReferenceWorker, "reference", c.reference, placements["reference"], run_name=name,
-            env=_env(c.reference, cfg), init=lambda i: ((cfg.reference, cfg.model), dict(temperature=temperature)))
+            env=actor_env(c.reference, cfg), init=lambda i: ((cfg.reference, cfg.model), dict(temperature=temperature)))
         groups.append(reference)
     if isinstance(learner, RayGroup):  # the local backend holds one learner, which needs no process group
         host = learner.node_ip(0)
