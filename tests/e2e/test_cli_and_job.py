@@ -21,13 +21,12 @@ from .conftest import ROOT, cli_env
 def test_bad_config_fails_before_any_actor_starts(tmp_path):
     cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
            "--set", "loss.correction.low=5", "--set", f"run.output_dir={tmp_path}"]
-    start = time.monotonic()
     result = subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 2
     assert "loss.correction.low (5.0) must be < loss.correction.high" in result.stderr
     assert "--set loss.correction.low=5" in result.stderr
     assert not (tmp_path / "quickstart").exists(), "a run directory was created for an invalid config"
-    assert time.monotonic() - start < 60
+    assert "ray: " not in result.stdout  # no cluster was started (the driver prints one line when it connects)
 
 
 def test_unknown_reward_function_fails_before_any_actor_starts(tmp_path):
