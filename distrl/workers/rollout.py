@@ -11,13 +11,16 @@ temperature; what remains of the difference (dtype, kernels, truncation) is the 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from distrl.config import ModelConfig, RolloutConfig
 from distrl.types import Prompt, Rollouts
 from distrl.workers.model import resolve_model_path
+
+if TYPE_CHECKING:
+    from vllm.logprobs import FlatLogprobs
 
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
 """Environment of every rollout process, needed before vLLM is imported (set by the cluster layer, and here).
@@ -63,8 +66,14 @@ class RolloutWorker:
         from vllm.inputs import TokensPrompt
 
         s = self.cfg.sampling
+        # vLLM detokenizes every sampled token, and every log-prob's token, as it goes: on a small model that costs
+        # more than the forward passes. Only stop strings need text during sampling; otherwise decode each response
+        # once at the end. Flat log-probs hold one float per position (logprobs=0: the sampled token's) instead of a
+        # dict per position.
+        detokenize = bool(s.stop)
         params = SamplingParams(n=self.cfg.n_samples_per_prompt, temperature=s.temperature, top_p=s.top_p,
-                                top_k=s.top_k, max_tokens=s.max_new_tokens, stop=s.stop or None, logprobs=0)
+                                top_k=s.top_k, max_tokens=s.max_new_tokens, stop=s.stop or None, logprobs=0,
+                                flat_logprobs=True, detokenize=detokenize)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p.prompt_ids) for p in prompts], params,
                                     use_tqdm=False)
         out = Rollouts([], [], [], [], [], [], [])
@@ -73,13 +82,15 @@ class RolloutWorker:
                 ids = list(completion.token_ids)
                 out.prompt_ids.append(list(prompt.prompt_ids))
                 out.response_ids.append(ids)
-                # With logprobs=0 each position holds exactly the sampled token's entry.
-                out.rollout_logprobs.append([step[tok].logprob
-                                             for tok, step in zip(ids, completion.logprobs, strict=True)])
+                out.rollout_logprobs.append(sampled_logprobs(completion.logprobs, len(ids)))
                 out.response_texts.append(completion.text)
                 out.finish_reasons.append(completion.finish_reason or "length")
                 out.group.append(group)
                 out.policy_version.append(self.policy_version)
+        if not detokenize:
+            # vLLM's own defaults for completion text: special tokens skipped.
+            out.response_texts[:] = self.llm.get_tokenizer().batch_decode(out.response_ids,
+                                                                          skip_special_tokens=True)
         return out.validate()
 
     def version(self) -> int:
@@ -123,3 +134,12 @@ class RolloutWorker:
         return [[step[tok].logprob
                  for tok, step in zip(seq[prompt_len:], out.prompt_logprobs[prompt_len:], strict=True)]
                 for seq, out in zip(sequences, outputs, strict=True)]
+
+
+def sampled_logprobs(logprobs: FlatLogprobs, n: int) -> list[float]:
+    """The sampled token's log-prob at each of the `n` positions of a completion asked with logprobs=0 and flat
+    log-probs: then each position holds exactly one entry, the sampled token's (vLLM puts it first)."""
+    if len(logprobs) != n or len(logprobs.logprobs) != n:
+        raise RuntimeError(f"vLLM returned log-probs for {len(logprobs.logprobs)} entries over {len(logprobs)} "
+                           f"positions for a completion of {n} tokens; expected one per position")
+    return list(logprobs.logprobs)

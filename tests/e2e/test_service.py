@@ -116,6 +116,9 @@ class TestTwoRolloutActorsTwoLearners:
         roles.sync.push(version=7)
         rollouts, batch = one_step_batch(cfg, roles)
         assert set(rollouts.policy_version) == {7}
+        # Without stop strings vLLM samples without detokenizing; each response is decoded once, as vLLM would.
+        tokenizer = load_tokenizer(cfg.model)
+        assert rollouts.response_texts == tokenizer.batch_decode(rollouts.response_ids, skip_special_tokens=True)
         versions = set(ray.get(roles.rollout.map(RolloutWorker.version)))
         assert versions == {7}
 
@@ -152,10 +155,12 @@ class TestTwoRolloutActorsTwoLearners:
 
 # 2 rollout actors x 1 learner is the quickstart (test_quickstart.py). Each topology also runs other options end
 # to end: KL in the reward (old-policy vs reference log-probs) with whitened Dr. GRPO advantages; bypass mode (vLLM's
-# log-probs as the old policy) with two mini-batches per step; GSPO with ICEPop.
+# log-probs as the old policy) with two mini-batches per step; GSPO with ICEPop; a stop string (vLLM then
+# detokenizes while sampling).
 TOPOLOGIES = {
     "1x1-kl_in_reward": (1, 1, ["loss.kl.target=reward", "loss.kl.estimator=k1", "algorithm.advantage=dr_grpo",
-                                "algorithm.whitening=true", "learner.warmup_steps=0"]),
+                                "algorithm.whitening=true", "learner.warmup_steps=0",
+                                "rollout.sampling.stop=['9']"]),
     "1x2-bypass-2_mini_batches": (1, 2, ["algorithm.old_logprobs=rollout", "loss.correction=null",
                                          "learner.mini_batch_size=16", "learner.micro_batch_size=4"]),
     "2x2-gspo-icepop": (2, 2, ["loss.policy=gspo", "loss.aggregation=seq_mean_token_mean", "loss.clip_low=3e-4",
