@@ -128,7 +128,8 @@ class RolloutConfig(Section):
     """Disable CUDA graphs / compilation: faster start-up, slower decoding."""
     chunk_prompts: int | None = Field(default=None, gt=0)
     """Prompts per generation request to one rollout actor. Engines switch weights between chunks, so smaller
-    chunks track new versions sooner; null means prompts_per_step / (2 x rollout actors), rounded up."""
+    chunks track new versions sooner; null means prompts_per_step / rollout actors in the synchronous loop (one
+    chunk per engine per step) and half that in the asynchronous one, rounded up."""
     dynamic_sampling: DynamicSamplingConfig | None = None
     """DAPO's dynamic sampling: drop groups whose rewards are all equal (no learning signal) and keep generating
     until the batch is full of groups that have one. Null keeps every group."""

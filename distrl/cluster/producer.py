@@ -67,6 +67,17 @@ class BatchStats:
                 "idle/rollout": self.rollout_idle}
 
 
+def default_chunk(prompts_per_step: int, actors: int, max_staleness: int) -> int:
+    """Prompts per generation request when `rollout.chunk_prompts` is not set.
+
+    The synchronous loop (`max_staleness` 0) gives each engine one chunk per step: small models are bound by the cost
+    of each decoding step, not by its width, so one wide batch per engine is fastest (quickstart: generation 2.2x
+    faster than with two chunks each). The asynchronous loop halves the chunks, so that engines switch to new
+    weights sooner and an engine that finishes early finds work."""
+    chunks_per_actor = 1 if max_staleness == 0 else 2
+    return max(1, math.ceil(prompts_per_step / (actors * chunks_per_actor)))
+
+
 class Producer:
     """Keeps `actors` busy with chunks of `stream`'s prompts; `next_batch(step)` returns `prompts_per_step`
     scored groups usable at `step` under the staleness bound `max_staleness`."""
@@ -76,7 +87,7 @@ class Producer:
                  dynamic_sampling: DynamicSamplingConfig | None, version: int = 0):
         self.actors, self.backend, self.stream, self.reward = actors, actors.backend, stream, reward
         self.batch, self.k, self.filter = prompts_per_step, max_staleness, dynamic_sampling
-        self.chunk = chunk_prompts or max(1, math.ceil(prompts_per_step / (2 * len(actors))))
+        self.chunk = chunk_prompts or default_chunk(prompts_per_step, len(actors), max_staleness)
         self.version = version  # the newest weights pushed to the engines
         self.handed_out = version  # batches handed out so far: a run resumed at step s has handed out s - 1
         self.in_flight: dict[Any, _Chunk] = {}  # generation handle -> chunk

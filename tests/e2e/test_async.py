@@ -59,4 +59,7 @@ def test_async_resume_continues_from_the_checkpoint(ray_session, tmp_path):
     assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3, 4, 5]
     assert resumed[0]["learner/optimizer_steps"] == 3  # the optimizer state came back with step 2's checkpoint
     state = json.loads((tmp_path / "quickstart" / "checkpoints" / "step_000004" / "driver_state.json").read_text())
-    assert state["data"]["next"] == 16 and state["data"]["consumed"] == []  # 4 steps x 4 prompts, none twice
+    # 4 steps x 4 prompts consumed, none twice. Not necessarily tickets 0..15: a chunk whose rewards are still being
+    # scored when the batch is cut is trained a step later than younger chunks (the local-mode test checks the
+    # exact tickets).
+    assert state["data"]["next"] + len(state["data"]["consumed"]) == 16

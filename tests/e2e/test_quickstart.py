@@ -29,8 +29,7 @@ def test_quickstart_learns(tmp_path):
     first = sum(r["reward/mean"] for r in rows[:5]) / 5
     last = sum(r["reward/mean"] for r in rows[-5:]) / 5
     assert last > first + 0.15, f"did not learn: first 5 steps {first:.3f}, last 5 steps {last:.3f}"
-    # bf16 rollout vs fp32 learner: a real mismatch that TIS sees.
-    assert all(r["correction/mismatch_kl"] is not None for r in rows)
-    assert any(abs(r["correction/mismatch_kl"]) > 1e-6 for r in rows)
-    assert all(0.0 <= r["correction/weight_mean"] <= 2.0 for r in rows)
+    # fp32 rollout and learner: TIS sees only the kernels' rounding (the bf16 mismatch is checked in test_service).
+    assert all(abs(r["correction/mismatch_kl"]) < 1e-6 for r in rows)
+    assert all(abs(r["correction/weight_mean"] - 1.0) < 1e-3 for r in rows)
     assert any((tmp_path / "quickstart" / "tensorboard").iterdir())

@@ -155,8 +155,8 @@ class TestTwoRolloutActorsTwoLearners:
 
 # 2 rollout actors x 1 learner is the quickstart (test_quickstart.py). Each topology also runs other options end
 # to end: KL in the reward (old-policy vs reference log-probs) with whitened Dr. GRPO advantages; bypass mode (vLLM's
-# log-probs as the old policy) with two mini-batches per step; GSPO with ICEPop; a stop string (vLLM then
-# detokenizes while sampling).
+# log-probs as the old policy) with two mini-batches per step; GSPO with ICEPop on a bf16 engine (a real
+# rollout/trainer mismatch); a stop string (vLLM then detokenizes while sampling).
 TOPOLOGIES = {
     "1x1-kl_in_reward": (1, 1, ["loss.kl.target=reward", "loss.kl.estimator=k1", "algorithm.advantage=dr_grpo",
                                 "algorithm.whitening=true", "learner.warmup_steps=0",
@@ -164,7 +164,8 @@ TOPOLOGIES = {
     "1x2-bypass-2_mini_batches": (1, 2, ["algorithm.old_logprobs=rollout", "loss.correction=null",
                                          "learner.mini_batch_size=16", "learner.micro_batch_size=4"]),
     "2x2-gspo-icepop": (2, 2, ["loss.policy=gspo", "loss.aggregation=seq_mean_token_mean", "loss.clip_low=3e-4",
-                               "loss.clip_high=4e-4", "loss.correction.mode=icepop", "loss.correction.low=0.5"]),
+                               "loss.clip_high=4e-4", "loss.correction.mode=icepop", "loss.correction.low=0.5",
+                               "rollout.dtype=bfloat16"]),
 }
 
 
@@ -187,6 +188,9 @@ def test_topologies_train_end_to_end(ray_session, tmp_path, rollout_actors, lear
         # first step has lr 0 as in transformers' schedules).
         assert abs(history[0]["kl/in_reward"]) < 1e-6 and abs(history[1]["kl/in_reward"]) > 1e-4
         assert history[1]["loss/kl"] == 0  # not also in the loss
+    if cfg.rollout.dtype == "bfloat16":  # against the fp32 learner: a mismatch the correction sees
+        # (fp32 engines: |mismatch_kl| ~2e-8; bf16 ones: ~1e-4)
+        assert max(abs(h["correction/mismatch_kl"]) for h in history) > 1e-6
     if cfg.learner.mini_batch_size:
         assert history[-1]["learner/optimizer_steps"] == 2 * cfg.global_batch_size // cfg.mini_batch_size
 
