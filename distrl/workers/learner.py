@@ -132,7 +132,6 @@ class Learner:
             with self._autocast:
                 logprobs, entropy = response_logprobs(self.model, micro.sequences, self.temperature,
                                                       with_entropy=self.loss_cfg.entropy_coef > 0)
-            assert micro.old_logprobs is not None  # update() checked the whole batch
             out = compute_loss(
                 LossInputs(logprobs=logprobs, old_logprobs=micro.old_logprobs, advantages=micro.advantages,
                            mask=micro.response_mask, rollout_logprobs=micro.rollout_logprobs,
