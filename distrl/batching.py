@@ -38,7 +38,7 @@ def pad(rollouts: Rollouts, pad_id: int) -> Sequences:
                      policy_version=torch.tensor(rollouts.policy_version, dtype=torch.long))
 
 
-def advantages(rewards: torch.Tensor, response_mask: torch.Tensor, old_logprobs: torch.Tensor,
+def advantages(rewards: torch.Tensor, response_mask: torch.Tensor, old_logprobs: torch.Tensor | None,
                ref_logprobs: torch.Tensor | None, group_size: int, algo: AlgorithmConfig, kl: KLConfig,
                ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token advantages `[B, T]` from sequence rewards `[B]` (and, for KL in the reward, the old and reference
@@ -46,8 +46,8 @@ def advantages(rewards: torch.Tensor, response_mask: torch.Tensor, old_logprobs:
     metrics: dict[str, float] = {}
     scores = rewards.to(torch.float32)
     if kl.target == "reward" and kl.coef > 0:
-        if ref_logprobs is None:
-            raise ValueError("loss.kl.target 'reward' needs the reference log-probs before advantages")
+        if ref_logprobs is None or old_logprobs is None:
+            raise ValueError("loss.kl.target 'reward' needs the old and reference log-probs before advantages")
         penalty = kl_estimate(old_logprobs, ref_logprobs, kl.estimator) * response_mask
         scores = scores - kl.coef * penalty.sum(-1)
         metrics["kl/in_reward"] = float(penalty.sum() / response_mask.sum().clamp(min=1))

@@ -197,7 +197,9 @@ class AlgorithmConfig(Section):
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
     """Where the PPO ratio's denominator comes from. `recompute`: the learner scores the batch before updating
     (decoupled PPO; the rollout correction then bridges rollout -> old). `rollout`: use vLLM's log-probs directly
-    (bypass mode; cheaper, and the correction weights are then identically 1)."""
+    (bypass mode; cheaper, and the correction weights are then identically 1). When the update is one optimizer
+    step (one mini-batch, one PPO epoch) and no KL in the reward needs them first, `recompute` takes them from the
+    update's own forward pass, detached: the same weights give the same log-probs, without a second pass."""
 
     @model_validator(mode="after")
     def _checks(self) -> AlgorithmConfig:
@@ -424,6 +426,15 @@ class Config(Section):
     def mini_batch_size(self) -> int:
         """Sequences per optimizer step (the whole batch when `learner.mini_batch_size` is null)."""
         return self.learner.mini_batch_size or self.global_batch_size
+
+    @property
+    def old_logprobs_in_update(self) -> bool:
+        """Whether the learners take the old log-probs from the update's own forward pass (see
+        `algorithm.old_logprobs`): the update is a single optimizer step from the proximal policy, and nothing needs
+        the old log-probs before it (KL in the reward does)."""
+        return (self.algorithm.old_logprobs == "recompute" and self.learner.ppo_epochs == 1
+                and self.mini_batch_size == self.global_batch_size
+                and not (self.loss.kl.target == "reward" and self.loss.kl.coef > 0))
 
     @property
     def needs_reference(self) -> bool:

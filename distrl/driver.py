@@ -101,7 +101,7 @@ def train_sync(job: Job, steps) -> None:
         batch, metrics = complete_batch(job, scored, sequences, start_reference(job, sequences),
                                         start_old_logprobs(job, sequences), step)
         with timer("update"):
-            metrics.update(finish_update(job, start_update(job, batch)))
+            metrics.update(finish_update(job, start_update(job, batch), batch, step))
         with timer("sync"):
             sync = roles.sync.push(version=step)
             job.producer.set_version(step)
@@ -120,8 +120,9 @@ def start_reference(job: Job, sequences: Sequences) -> list[Any] | None:
 
 def start_old_logprobs(job: Job, sequences: Sequences) -> list[Any] | None:
     """The learners' own log-probs before the update (decoupled PPO's proximal policy), row shards spread evenly;
-    None in bypass mode (`algorithm.old_logprobs: rollout`), where the sampler's stand in."""
-    if job.cfg.algorithm.old_logprobs == "rollout":
+    None in bypass mode (`algorithm.old_logprobs: rollout`), where the sampler's stand in, and when the update takes
+    them from its own forward pass (`Config.old_logprobs_in_update`)."""
+    if job.cfg.algorithm.old_logprobs == "rollout" or job.cfg.old_logprobs_in_update:
         return None
     job.learner_clock.start()
     shards = sequences.split(min(len(job.roles.learner), sequences.batch_size))
@@ -138,20 +139,32 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
         job.producer.wait_for(ref or [])
         job.reference_clock.stop()
         ref_logprobs = torch.cat(get(ref)) if ref else None
+    old_logprobs: torch.Tensor | None = None  # taken by the update from its own forward pass
     with job.timer("old_logprobs"):
-        job.producer.wait_for(old or [])
-        job.learner_clock.stop()
-        old_logprobs = torch.cat(get(old)) if old else sequences.rollout_logprobs
+        if old:
+            job.producer.wait_for(old)
+            job.learner_clock.stop()
+            old_logprobs = torch.cat(get(old))
+        elif cfg.algorithm.old_logprobs == "rollout":
+            old_logprobs = sequences.rollout_logprobs
     with job.timer("advantages"):
         adv, metrics = advantages(torch.tensor(scored.rewards), sequences.response_mask, old_logprobs, ref_logprobs,
                                   cfg.rollout.n_samples_per_prompt, cfg.algorithm, cfg.loss.kl)
         metrics.update(staleness_metrics(scored.rollouts.policy_version, step))
-        lag = step - 1 - sequences.policy_version
-        for bucket, values in metrics_by_staleness(old_logprobs, sequences.rollout_logprobs,
-                                                   sequences.response_mask, lag, cfg.loss.correction).items():
-            metrics.update({f"correction/{k.removeprefix('is_')}/staleness_{bucket}": float(v)
-                            for k, v in values.items()})
+        if old_logprobs is not None:
+            metrics.update(correction_by_staleness(job, sequences, old_logprobs, step))
     return TrainBatch(sequences, old_logprobs=old_logprobs, advantages=adv, ref_logprobs=ref_logprobs), metrics
+
+
+def correction_by_staleness(job: Job, sequences: Sequences, old_logprobs: torch.Tensor, step: int,
+                            ) -> dict[str, float]:
+    """`correction/<metric>/staleness_<bucket>`: the mismatch and IS-weight figures of `step`'s samples (old
+    log-probs `[B, T]`) split by how many versions behind the update's their weights were."""
+    lag = step - 1 - sequences.policy_version
+    return {f"correction/{k.removeprefix('is_')}/staleness_{bucket}": float(v)
+            for bucket, values in metrics_by_staleness(old_logprobs, sequences.rollout_logprobs,
+                                                       sequences.response_mask, lag, job.cfg.loss.correction).items()
+            for k, v in values.items()}
 
 
 def start_update(job: Job, batch: TrainBatch) -> list[Any]:
@@ -161,11 +174,17 @@ def start_update(job: Job, batch: TrainBatch) -> list[Any]:
     return job.roles.learner.map_shards(Learner.update, shards)
 
 
-def finish_update(job: Job, handles: list[Any]) -> dict[str, float]:
-    """Wait for the update (the engines keep generating meanwhile); metrics merged over learners."""
+def finish_update(job: Job, handles: list[Any], batch: TrainBatch, step: int) -> dict[str, float]:
+    """Wait for the update of `step` on `batch` (the engines keep generating meanwhile); metrics merged over
+    learners, and the correction by staleness where the update took the old log-probs from its own forward pass."""
     job.producer.wait_for(handles)
     job.learner_clock.stop()
-    return merge_metrics(job.roles.backend.get(handles))
+    metrics = merge_metrics(job.roles.backend.get(handles))
+    if batch.old_logprobs is None:
+        # One mini-batch: learner k's shard is the k-th contiguous block of rows (TrainBatch.shard).
+        old = torch.cat(job.roles.backend.get(job.roles.learner.map(Learner.proximal_logprobs)))
+        metrics.update(correction_by_staleness(job, batch.sequences, old, step))
+    return metrics
 
 
 def end_step(job: Job, step: int, scored: ScoredRollouts, produced: BatchStats, metrics: dict[str, float],

@@ -5,7 +5,8 @@ While the learners update on batch s, the producer keeps generating chunks for t
 while their samples can still be trained within `loop.max_staleness` (see `distrl.cluster.producer`); the
 reference scores batch s + 1 as soon as it is full. When the update ends, its weights are pushed without waiting
 (each engine loads them between two chunks), then the learners score batch s + 1 (its old log-probs: the proximal
-policy, the weights the update of s + 1 starts from) and update on it.
+policy, the weights the update of s + 1 starts from; part of the update itself when it is one optimizer step) and
+update on it.
 
 The objective stays decoupled PPO: the PPO ratio is taken against the learners' old log-probs, and the configured
 correction (TIS / ICEPop / seq-mask-TIS) bridges the behaviour policy (the possibly stale engine that sampled) to
@@ -29,7 +30,7 @@ from distrl.driver import (
     start_reference,
     start_update,
 )
-from distrl.types import ScoredRollouts
+from distrl.types import ScoredRollouts, TrainBatch
 
 
 @dataclass
@@ -38,6 +39,7 @@ class InFlight:
 
     step: int
     handles: list[Any]
+    batch: TrainBatch
     scored: ScoredRollouts
     produced: BatchStats
     metrics: dict[str, float]
@@ -55,7 +57,7 @@ def train_async(job: Job, steps) -> None:
         if update is not None:
             push = finish(job, update, push)
         batch, metrics = complete_batch(job, scored, sequences, ref, start_old_logprobs(job, sequences), step)
-        update = InFlight(step, start_update(job, batch), scored, produced, metrics)
+        update = InFlight(step, start_update(job, batch), batch, scored, produced, metrics)
     if update is not None:
         push = finish(job, update, push)
     if push is not None:
@@ -65,7 +67,7 @@ def train_async(job: Job, steps) -> None:
 def finish(job: Job, update: InFlight, push: PendingSync | None) -> PendingSync:
     """Wait for `update`, start pushing its weights (the engines switch between chunks), log its row."""
     with job.timer("update"):
-        update.metrics.update(finish_update(job, update.handles))
+        update.metrics.update(finish_update(job, update.handles, update.batch, update.step))
     with job.timer("sync"):
         sync = job.roles.sync.finish(push) if push is not None else None  # the previous push, long done by now
         pending = job.roles.sync.start(version=update.step)

@@ -222,13 +222,14 @@ class TrainBatch:
 
     sequences     the padded samples (`Sequences`)
     old_logprobs  [B, T] float  the proximal policy's log-probs: the learners' own before the update (decoupled
-                                PPO), or the sampler's in bypass mode
+                                PPO), or the sampler's in bypass mode; None when the update is one optimizer step
+                                that takes them from its own forward pass (`Config.old_logprobs_in_update`)
     advantages    [B, T] float
     ref_logprobs  [B, T] float, or None when no KL term uses the reference model
     """
 
     sequences: Sequences
-    old_logprobs: torch.Tensor
+    old_logprobs: torch.Tensor | None
     advantages: torch.Tensor
     ref_logprobs: torch.Tensor | None
 
@@ -282,15 +283,21 @@ class TrainBatch:
 
     @staticmethod
     def concat(parts: list[TrainBatch]) -> TrainBatch:
-        """Stack shards along B; every part has reference log-probs or none has."""
+        """Stack shards along B; every part has old (reference) log-probs or none has."""
         if not parts:
             raise ValueError("TrainBatch.concat needs at least one part")
-        refs = [p.ref_logprobs for p in parts]
-        if any(r is None for r in refs) and not all(r is None for r in refs):
-            raise ValueError("TrainBatch.concat: ref_logprobs is set on some parts but not all")
+
+        def stacked(name: str) -> torch.Tensor | None:
+            xs = [getattr(p, name) for p in parts]
+            if all(x is None for x in xs):
+                return None
+            if any(x is None for x in xs):
+                raise ValueError(f"TrainBatch.concat: {name} is set on some parts but not all")
+            return torch.cat(xs)
+
         return TrainBatch(
             sequences=Sequences.concat([p.sequences for p in parts]),
-            old_logprobs=torch.cat([p.old_logprobs for p in parts]),
+            old_logprobs=stacked("old_logprobs"),
             advantages=torch.cat([p.advantages for p in parts]),
-            ref_logprobs=None if refs[0] is None else torch.cat([r for r in refs if r is not None]),
+            ref_logprobs=stacked("ref_logprobs"),
         )

@@ -33,6 +33,18 @@ def test_defaults_and_derived_sizes(tmp_path):
     assert cfg.loss.correction is None and not cfg.needs_reference
 
 
+@pytest.mark.parametrize("overrides,in_update", [
+    ([], True),  # one mini-batch (the whole step), one epoch: the update's own forward pass gives them
+    (["learner.mini_batch_size=16"], False),  # two optimizer steps: the second starts from moved weights
+    (["learner.ppo_epochs=2"], False),
+    (["loss.kl.coef=0.1", "loss.kl.target=reward"], False),  # the reward's KL needs them before advantages
+    (["loss.kl.coef=0.1", "loss.kl.target=loss"], True),
+    (["algorithm.old_logprobs=rollout"], False),  # bypass: vLLM's stand in
+])
+def test_when_the_update_takes_old_logprobs_from_its_own_forward_pass(tmp_path, overrides, in_update):
+    assert config.load(write(tmp_path, MINIMAL), overrides).old_logprobs_in_update is in_update
+
+
 BAD = [
     # (overrides, text the error must contain)
     (["loss.correction.mode=tis", "loss.correction.low=2", "loss.correction.high=1"], "loss.correction.low"),

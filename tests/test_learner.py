@@ -47,13 +47,9 @@ def weights(learner: Learner) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("micro_batch_size", [1, 2, 4])
 def test_micro_batches_give_the_full_batch_gradient(tiny_model_dir, micro_batch_size):
-    # Plain SGD with lr 1 makes the weight change equal to the accumulated gradient. (Adam would amplify float
-    # rounding in near-zero gradients into visible weight differences, hiding what this test checks.)
     deltas = []
     for size in (8, micro_batch_size):
-        learner = make_learner(tiny_model_dir, micro_batch_size=size)
-        learner.optimizer = torch.optim.SGD(learner.params, lr=1.0)
-        learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda _: 1.0)
+        learner = sgd(make_learner(tiny_model_dir, micro_batch_size=size))
         before = weights(learner)
         learner.update(scored(learner, batch()))
         deltas.append({k: v - before[k] for k, v in weights(learner).items()})
@@ -70,6 +66,44 @@ def test_metrics_are_token_means_over_the_whole_batch(tiny_model_dir):
     whole, split = (learner.update(scored(learner, batch())) for learner in reports)
     assert split["mismatch_kl"] == pytest.approx(whole["mismatch_kl"], rel=1e-5)
     assert whole["learner/tokens"] == split["learner/tokens"] == 40
+
+
+def sgd(learner: Learner) -> Learner:
+    """Plain SGD with lr 1: the weight change is the gradient (Adam's first step, ~lr x sign(g), would turn float
+    rounding in near-zero gradients into visible weight differences)."""
+    learner.optimizer = torch.optim.SGD(learner.params, lr=1.0)
+    learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda _: 1.0)
+    return learner
+
+
+@pytest.mark.parametrize("micro_batch_size", [8, 4])
+def test_old_logprobs_taken_from_the_update_equal_recomputed_ones(tiny_model_dir, micro_batch_size):
+    # A batch without old log-probs is one optimizer step from the proximal policy: the update's own log-probs,
+    # detached, are the old ones. The step, its metrics and the log-probs handed back match the recomputing path.
+    loss = LossConfig(correction=CorrectionConfig(mode="tis", low=0.0, high=2.0))
+    given, taken = (sgd(make_learner(tiny_model_dir, loss, micro_batch_size=micro_batch_size)) for _ in range(2))
+    before = weights(given)
+    recomputed = scored(given, batch())
+    given_metrics = given.update(recomputed)
+    taken_metrics = taken.update(replace(batch(), old_logprobs=None))
+    assert torch.allclose(taken.proximal_logprobs(), recomputed.old_logprobs, atol=1e-6)  # rows in order
+    a, b = weights(given), weights(taken)
+    worst = max(((a[k] - b[k]).abs().max() / (a[k] - before[k]).abs().max().clamp(min=1e-12)).item() for k in a)
+    assert worst < 1e-5, f"relative weight-change difference {worst}"
+    for key in ("loss/policy", "mismatch_kl", "is_weight_mean", "clip_frac", "ppo_kl"):
+        assert taken_metrics[key] == pytest.approx(given_metrics[key], rel=1e-5, abs=1e-7), key
+
+
+def test_old_logprobs_are_taken_from_the_update_only_for_one_optimizer_step(tiny_model_dir):
+    learner = make_learner(tiny_model_dir)
+    no_old = replace(batch(), old_logprobs=None)
+    with pytest.raises(ValueError, match="one optimizer step"):
+        learner.update(TrainBatch.concat([no_old, no_old]))  # two mini-batches of 8
+    with pytest.raises(ValueError, match="one optimizer step"):
+        make_learner(tiny_model_dir, ppo_epochs=2).update(no_old)
+    learner.update(scored(learner, batch()))
+    with pytest.raises(RuntimeError, match="was given its old log-probs"):
+        learner.proximal_logprobs()
 
 
 def test_update_raises_logprobs_of_positive_advantage_samples(tiny_model_dir):

@@ -78,6 +78,7 @@ class Learner:
         self.optimizer_steps = 0
         self.skipped_steps = 0
         self._consecutive_nonfinite = 0
+        self._proximal: list[torch.Tensor] = []  # see proximal_logprobs
 
     # ------------------------------------------------------------------------------------------ data parallelism
     def connect(self, master_addr: str, master_port: int, rank: int, world_size: int) -> str:
@@ -106,6 +107,10 @@ class Learner:
         learners, giving each optimizer step's loss)."""
         batch = batch.to(self.device)
         local_mini = self.global_mini_batch_size // dist.world_size()
+        if batch.old_logprobs is None and (self.cfg.ppo_epochs > 1 or batch.batch_size > local_mini):
+            raise ValueError("a batch without old log-probs must be one optimizer step (one mini-batch, one PPO "
+                             "epoch): only then are the update's own log-probs, detached, the proximal policy's")
+        self._proximal = []
         per_mini: dict[str, list[float]] = defaultdict(list)
         tokens: list[float] = []
         for _ in range(self.cfg.ppo_epochs):
@@ -132,8 +137,12 @@ class Learner:
             with self._autocast:
                 logprobs, entropy = response_logprobs(self.model, micro.sequences, self.temperature,
                                                       with_entropy=self.loss_cfg.entropy_coef > 0)
+            old = micro.old_logprobs
+            if old is None:  # one optimizer step from these weights: its log-probs are the proximal policy's
+                old = logprobs.detach()
+                self._proximal.append(old.float().masked_fill(micro.response_mask == 0, 0.0).cpu())
             out = compute_loss(
-                LossInputs(logprobs=logprobs, old_logprobs=micro.old_logprobs, advantages=micro.advantages,
+                LossInputs(logprobs=logprobs, old_logprobs=old, advantages=micro.advantages,
                            mask=micro.response_mask, rollout_logprobs=micro.rollout_logprobs,
                            ref_logprobs=micro.ref_logprobs, entropy=entropy, num_tokens=num_tokens,
                            num_seqs=num_seqs, norm_len=self.norm_len),
@@ -167,6 +176,13 @@ class Learner:
         metrics.update(dict(zip(loss_sums, flags[1:].tolist(), strict=True)))
         metrics["learner/grad_norm"] = grad_norm
         return metrics
+
+    def proximal_logprobs(self) -> torch.Tensor:
+        """`[B, T]` float32 on CPU, 0 past each response: the old log-probs the last `update` took from its own
+        forward pass (its batch had none), in the rows' order, for the driver's mismatch-by-staleness metrics."""
+        if not self._proximal:
+            raise RuntimeError("Learner.proximal_logprobs: the last update was given its old log-probs")
+        return torch.cat(self._proximal)
 
     def _skip(self, grad_norm: float) -> None:
         self.skipped_steps += 1

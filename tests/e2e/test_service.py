@@ -177,6 +177,8 @@ def test_topologies_train_end_to_end(ray_session, tmp_path, rollout_actors, lear
     history = train(cfg)
     assert [h["policy_version"] for h in history] == [0, 1]  # weights that sampled each step
     assert all(h["learner/optimizer_steps"] >= 1 for h in history)
+    # Also where the learners took the old log-probs from the update itself (2x2: one optimizer step per step).
+    assert all("correction/mismatch_kl/staleness_0" in h for h in history)
     run_dir = tmp_path / cfg.run.name
     assert (run_dir / "metrics.jsonl").read_text().count("\n") == 2
     assert (run_dir / "checkpoints" / "step_000002" / "model" / "config.json").exists()
