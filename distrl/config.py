@@ -300,9 +300,9 @@ class RoleResources(Section):
     num_gpus: float = Field(default=0.0, ge=0.0)
     """GPUs reserved per actor (0 on a CPU-only machine)."""
     num_threads: int | None = Field(default=None, gt=0)
-    """Compute threads per actor (OMP_NUM_THREADS, which torch and vLLM's CPU kernels follow); null means
-    num_cpus rounded up. More threads than reserved CPUs pays when roles take turns (the synchronous loop): a role
-    that runs alone can use the cores the idle ones reserved."""
+    """Compute threads per actor (OMP_NUM_THREADS, which torch and vLLM's CPU kernels follow). Null: num_cpus
+    rounded up, except in the synchronous loop on the embedded cluster, where the roles take turns and each may use
+    every core (shared among the actors that run at the same time; see `distrl.cluster.roles.role_threads`)."""
 
 
 class ClusterConfig(Section):

@@ -10,7 +10,7 @@ import pytest
 
 from distrl import config
 from distrl.cluster.producer import reward_sample
-from distrl.cluster.roles import actor_env, engine_seed
+from distrl.cluster.roles import actor_env, engine_seed, role_threads
 from distrl.run_dir import RunDir
 from distrl.types import Prompt, Rollouts, ScoredRollouts
 from distrl.workers.learner import merge_metrics
@@ -159,11 +159,30 @@ def test_a_run_with_steps_keeps_everything_on_close(tmp_path):
     assert sorted(p.name for p in run.path.iterdir()) == ["config.yaml", "metrics.jsonl"]
 
 
+def threads_config(**cluster):
+    return config.from_dict({"model": {"path": "m"}, "data": {"path": "d"}, "loss": {"kl": {"coef": 0.01}},
+                             "cluster": {"num_cpus": 4, "rollout": {"num_actors": 2, "num_cpus": 1.0},
+                                         "learner": {"num_cpus": 1.0}, "reference": {"num_cpus": 0.5}, **cluster}})
+
+
 def test_actor_threads_follow_reserved_cpus_unless_set():
-    c = config.from_dict({"model": {"path": "m"}, "data": {"path": "d"}, "cluster": {
-        "learner": {"num_cpus": 0.5, "num_threads": 2}, "rollout": {"num_cpus": 1.5},
-        "actor_env": {"TOKENIZERS_PARALLELISM": "true"}}})
-    assert actor_env(c.cluster.rollout, c)["OMP_NUM_THREADS"] == "2"  # 1.5 CPUs rounded up
-    assert actor_env(c.cluster.reference, c)["OMP_NUM_THREADS"] == "1"  # fractional: one thread
-    learner = actor_env(c.cluster.learner, c)
+    c = config.from_dict({"model": {"path": "m"}, "data": {"path": "d"}, "loop": {"mode": "async", "max_staleness": 1},
+                          "cluster": {"learner": {"num_cpus": 0.5, "num_threads": 2}, "rollout": {"num_cpus": 1.5},
+                                      "actor_env": {"TOKENIZERS_PARALLELISM": "true"}}})
+    assert actor_env("rollout", c)["OMP_NUM_THREADS"] == "2"  # 1.5 CPUs rounded up
+    assert actor_env("reference", c)["OMP_NUM_THREADS"] == "1"  # fractional: one thread
+    learner = actor_env("learner", c)
     assert learner["OMP_NUM_THREADS"] == "2" and learner["TOKENIZERS_PARALLELISM"] == "true"  # actor_env wins
+
+
+def test_synchronous_roles_take_turns_on_every_core_of_the_embedded_cluster(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    c = threads_config()  # old log-probs come from the update: the reference scores alone, then the learner trains
+    assert [role_threads(role, c) for role in ("rollout", "reference", "learner")] == [2, 4, 4]
+    overlapping = c.model_copy(update={"learner": c.learner.model_copy(update={"ppo_epochs": 2})})
+    assert not overlapping.old_logprobs_in_update  # learners score old log-probs while the reference scores
+    assert [role_threads(role, overlapping) for role in ("reference", "learner")] == [2, 2]
+    assert role_threads("learner", threads_config(learner={"num_cpus": 1.0, "num_threads": 1})) == 1  # set wins
+    assert role_threads("learner", threads_config(address="auto")) == 1  # joined cluster: node sizes unknown
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert role_threads("learner", threads_config()) == 1

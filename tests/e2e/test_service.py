@@ -153,12 +153,12 @@ class TestTwoRolloutActorsTwoLearners:
         assert scored.rewards == [0.0] * len(scored) and scored.reward_errors == len(scored)
 
 
-# 2 rollout actors x 1 learner is the quickstart (test_quickstart.py). Each topology also runs other options end
+# 1 rollout actor x 1 learner is the quickstart (test_quickstart.py). Each topology also runs other options end
 # to end: KL in the reward (old-policy vs reference log-probs) with whitened Dr. GRPO advantages; bypass mode (vLLM's
 # log-probs as the old policy) with two mini-batches per step; GSPO with ICEPop on a bf16 engine (a real
 # rollout/trainer mismatch); a stop string (vLLM then detokenizes while sampling).
 TOPOLOGIES = {
-    "1x1-kl_in_reward": (1, 1, ["loss.kl.target=reward", "loss.kl.estimator=k1", "algorithm.advantage=dr_grpo",
+    "2x1-kl_in_reward": (2, 1, ["loss.kl.target=reward", "loss.kl.estimator=k1", "algorithm.advantage=dr_grpo",
                                 "algorithm.whitening=true", "learner.warmup_steps=0",
                                 "rollout.sampling.stop=['9']"]),
     "1x2-bypass-2_mini_batches": (1, 2, ["algorithm.old_logprobs=rollout", "loss.correction=null",
