@@ -148,6 +148,14 @@ def test_resolved_config_round_trips(tmp_path):
     assert again == cfg
 
 
+def test_quickstart_scales_to_the_topologies_the_service_tests_run():
+    # The end-to-end tests and the README scale the quickstart with --set alone; each must fit its 2 CPUs.
+    for rollout, learners in ((2, 1), (2, 2), (1, 2)):
+        config.load(ROOT / "configs" / "quickstart.yaml", [
+            f"cluster.rollout.num_actors={rollout}", f"cluster.learner.num_actors={learners}",
+            "cluster.learner.num_cpus=0.25"])
+
+
 def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                           check=False)
