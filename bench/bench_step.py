@@ -36,7 +36,7 @@ def main() -> None:
     model_dir = make_tiny_model(out / "model", hidden_size=args.hidden, num_layers=args.layers)
     cfg = config.load(Path(__file__).parents[1] / "configs" / "quickstart.yaml", [
         f"model.path={model_dir}", f"run.output_dir={out}", f"run.steps={args.steps}", "run.progress=false",
-        *args.overrides])
+        "run.checkpoint_at_end=false", *args.overrides])
     train(cfg)
     rows = [json.loads(line) for line in (out / cfg.run.name / "metrics.jsonl").read_text().splitlines()][1:]
     step = statistics.fmean(r["time/step"] for r in rows)
@@ -50,11 +50,16 @@ def main() -> None:
     adv = statistics.fmean(r["time/advantages"] for r in rows)
     print(f"{'  advantages':<18}{adv:>10.3f}{adv / step:>9.1%}   (part of driver_overhead)")
     print(f"{'step':<18}{step:>10.3f}")
-    print(f"rollout tokens/s (generate phase): {statistics.fmean(r['rollout/tokens_per_s'] for r in rows):.0f}")
+    # Batch tokens over the driver's wait for them: the engines' rate in the synchronous loop. In the asynchronous
+    # one generation overlaps the update, so this is not the engines' rate, and a row whose batch was ready
+    # without a wait has none: the mean is over the rows that waited.
+    waited = [r["rollout/tokens_per_s"] for r in rows if r["rollout/tokens_per_s"] is not None]
+    print(f"rollout tokens/s (generate phase): {statistics.fmean(waited):.0f}" if waited else
+          "rollout tokens/s (generate phase): n/a (no step waited for its batch)")
     print(f"throughput tokens/s (whole step):  {statistics.fmean(r['throughput/tokens_per_s'] for r in rows):.0f}")
-    sync_bytes = rows[0]["sync/bytes"]
+    sync_bytes = next(r["sync/bytes"] for r in rows if r["sync/bytes"] is not None)
     print(f"weight sync: {sync_bytes / 2**20:.2f} MiB in {statistics.fmean(r['time/sync'] for r in rows):.3f} s "
-          f"= {statistics.fmean(r['sync/bytes_per_s'] for r in rows) / 2**20:.1f} MiB/s")
+          f"= {statistics.fmean(r['sync/bytes_per_s'] for r in rows if r['sync/bytes_per_s']) / 2**20:.1f} MiB/s")
     # Step times add up to the run's wall time (a step's logging is counted in the next step), so the overhead
     # share is the driver's own work against everything the run spent.
     overhead = statistics.fmean(r["time/driver_overhead"] for r in rows)
