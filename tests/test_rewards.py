@@ -1,4 +1,5 @@
-"""Built-in rewards (table-driven), resolving `module:function` specs, and `score_batch`'s error policies."""
+"""Built-in rewards (table-driven), resolving `module:function` specs, `score_batch`'s error policies, and the stop
+when most of a step's samples fail."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import textwrap
 
 import pytest
 
+from distrl.cluster.rewards import check_failures
+from distrl.config import RewardConfig
 from distrl.tasks.toy import toy_reward
+from distrl.types import Rollouts, ScoredRollouts
 from distrl.workers.rewards import (
     RewardError,
     exact_match,
@@ -137,9 +141,9 @@ def _items(*completions: str) -> list[tuple[str, str, dict]]:
 
 
 def test_score_batch_scores_every_item(plugin):
-    assert score_batch(plugin, _items("a", "true", "b")) == ([0.25, 1.0, 0.25], 0)
-    assert score_batch("distrl.workers.rewards:numeric_answer", _items("#### 1", "2")) == ([1.0, 0.0], 0)
-    assert score_batch(plugin, []) == ([], 0)
+    assert score_batch(plugin, _items("a", "true", "b")) == ([0.25, 1.0, 0.25], 0, None)
+    assert score_batch("distrl.workers.rewards:numeric_answer", _items("#### 1", "2")) == ([1.0, 0.0], 0, None)
+    assert score_batch(plugin, []) == ([], 0, None)
 
 
 def test_score_batch_raise_names_function_and_sample_and_chains(plugin):
@@ -163,14 +167,39 @@ def test_score_batch_raise_names_function_and_sample_and_chains(plugin):
 def test_score_batch_treats_bad_values_as_errors(plugin, completion, message):
     with pytest.raises(RewardError, match=message):
         score_batch(plugin, _items("ok", completion), on_error="raise")
-    rewards, errors = score_batch(plugin, _items("ok", completion), on_error="zero")
-    assert (rewards, errors) == ([0.25, 0.0], 1)
+    rewards, errors, last = score_batch(plugin, _items("ok", completion), on_error="zero")
+    assert (rewards, errors) == ([0.25, 0.0], 1) and message in last
 
 
 def test_score_batch_zero_scores_and_counts_failures(plugin):
-    rewards, errors = score_batch(plugin, _items("boom", "a", "boom", "nan"), on_error="zero")
+    rewards, errors, last = score_batch(plugin, _items("boom", "a", "boom", "nan"), on_error="zero",
+                                        first_index=10)
     assert rewards == [0.0, 0.25, 0.0, 0.0] and errors == 3
     assert all(math.isfinite(r) for r in rewards)
+    assert last.startswith(f"reward function {plugin} failed on sample 13") and "non-finite reward nan" in last
+
+
+def _scored(errors: int, last: str | None = None) -> ScoredRollouts:
+    n = 8
+    rollouts = Rollouts(prompt_ids=[[1]] * n, response_ids=[[2]] * n, rollout_logprobs=[[0.0]] * n,
+                        response_texts=["a"] * n, finish_reasons=["stop"] * n, group=[0] * n, policy_version=[0] * n)
+    return ScoredRollouts(rollouts, [0.0] * n, errors, last)
+
+
+def test_a_step_in_which_most_samples_fail_stops_the_run_with_the_last_error():
+    cfg = RewardConfig(on_error="zero")  # max_error_frac 0.5
+    check_failures(_scored(4, "reward function f failed on sample 3: KeyError: 'x'"), cfg, step=2)  # half: goes on
+    with pytest.raises(RewardError, match=r"5 of the 8 samples of step 2 failed .* reward\.max_error_frac = 0\.5"
+                                          r".* The last failure: reward function f failed on sample 3: KeyError"):
+        check_failures(_scored(5, "reward function f failed on sample 3: KeyError: 'x'"), cfg, step=2)
+    check_failures(_scored(8, "..."), RewardConfig(on_error="zero", max_error_frac=1.0), step=2)  # never stops
+
+
+def test_the_last_reward_error_travels_with_its_samples():
+    first, second = _scored(1, "first"), _scored(2, "second")
+    assert ScoredRollouts.concat([first, second]).reward_error == "second"
+    assert ScoredRollouts.concat([second, _scored(0)]).reward_error == "second"
+    assert [g.reward_error for g in ScoredRollouts.concat([first, second]).groups()] == ["second"]
 
 
 def test_score_batch_configuration_errors_are_not_per_sample(plugin):

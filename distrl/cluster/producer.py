@@ -140,8 +140,8 @@ class Producer:
             self.scoring[h] = chunk
 
     def _on_scored(self, chunk: _Chunk) -> None:
-        scores, errors = rewards.collect(self.backend, chunk.scoring)
-        for group in ScoredRollouts(chunk.rollouts, scores, errors).validate().groups():
+        scores, errors, last = rewards.collect(self.backend, chunk.scoring)
+        for group in ScoredRollouts(chunk.rollouts, scores, errors, last).validate().groups():
             if self._keeps(group):
                 self.ready.append(group)
             else:
@@ -201,7 +201,9 @@ class Producer:
         stats.buffer_depth = len(self.ready)
         stats.rollout_idle = self._idle_fraction()
         self._admit()
-        return ScoredRollouts.concat(taken), stats
+        batch = ScoredRollouts.concat(taken)
+        rewards.check_failures(batch, self.reward, step)
+        return batch, stats
 
     def _drop_stale(self, step: int) -> None:
         fresh = [g for g in self.ready if step - 1 - min(g.rollouts.policy_version) <= self.k]

@@ -7,6 +7,7 @@ from typing import Any
 
 from distrl.cluster.backend import Backend
 from distrl.config import RewardConfig
+from distrl.types import ScoredRollouts
 from distrl.workers.rewards import RewardError, score_batch
 
 Item = tuple[str, str, dict]
@@ -21,26 +22,39 @@ def submit(backend: Backend, cfg: RewardConfig, items: list[Item], first_index: 
             for i in range(0, len(items), cfg.batch_per_task)]
 
 
-def collect(backend: Backend, handles: list[Any]) -> tuple[list[float], int]:
-    """(rewards in submission order, number of samples whose reward function raised and were scored 0).
+def collect(backend: Backend, handles: list[Any]) -> tuple[list[float], int, str | None]:
+    """(rewards in submission order, number of samples whose reward function failed and were scored 0, the last
+    failure's message or None).
 
     Every task is awaited before an error is raised, so no failed task is left unretrieved (Ray would log each
     one again as an unhandled error). A RewardError comes back as itself, with the remote traceback appended
     (Ray does not carry `__cause__` across processes)."""
     rewards: list[float] = []
-    errors = 0
+    errors, last = 0, None
     failure: Exception | None = None
     for handle in handles:
         try:
-            scores, n_errors = backend.get(handle)
+            scores, n_errors, message = backend.get(handle)
         except Exception as err:  # noqa: BLE001 - kept, and raised once every task is retrieved
             failure = failure or err
             continue
         rewards += scores
         errors += n_errors
+        last = message or last
     if failure is None:
-        return rewards, errors
+        return rewards, errors, last
     cause = getattr(failure, "cause", failure)  # a Ray task error wraps the exception the task raised
     if isinstance(cause, RewardError) and cause is not failure:
         raise RewardError(f"{cause.args[0]}\n\nremote traceback:\n{failure}") from None
     raise failure
+
+
+def check_failures(scored: ScoredRollouts, cfg: RewardConfig, step: int) -> None:
+    """Stop the run when more than `cfg.max_error_frac` of step `step`'s samples failed in the reward function
+    (`on_error: zero` scored them 0): raises RewardError with the last failure."""
+    if scored.reward_errors > cfg.max_error_frac * len(scored):
+        raise RewardError(
+            f"{scored.reward_errors} of the {len(scored)} samples of step {step} failed in the reward function and "
+            f"were scored 0 (reward.on_error: zero), more than reward.max_error_frac = {cfg.max_error_frac}: the "
+            f"function looks broken, so the run stops rather than train on zeros. The last failure: "
+            f"{scored.reward_error}")

@@ -64,31 +64,32 @@ def _as_reward(value: object) -> float:
 
 
 def score_batch(spec: str, items: list[tuple[str, str, dict]], on_error: Literal["raise", "zero"] = "raise",
-                first_index: int = 0) -> tuple[list[float], int]:
+                first_index: int = 0) -> tuple[list[float], int, str | None]:
     """Score `(prompt, completion, sample)` items with the function `spec` names; errors call item i
     "sample first_index + i" (the driver numbers a run's samples prompt ticket x n + j).
 
-    Returns (one reward per item, number of items whose function failed). A failure is an exception or a
-    non-finite / non-numeric return value: with `on_error="raise"` it raises `RewardError` naming the function
-    and the sample, chained to the original error; with `"zero"` the item scores 0.0 and is counted.
+    Returns (one reward per item, number of items whose function failed, the last failure's message or None). A
+    failure is an exception or a non-finite / non-numeric return value: with `on_error="raise"` it raises
+    `RewardError` naming the function and the sample, chained to the original error; with `"zero"` the item
+    scores 0.0 and is counted.
     """
     if on_error not in ("raise", "zero"):
         raise ValueError(f"on_error must be 'raise' or 'zero', got {on_error!r}")
     fn = resolve_reward(spec)
     rewards: list[float] = []
-    errors = 0
+    errors, last = 0, None
     for i, (prompt, completion, sample) in enumerate(items):
         try:
             rewards.append(_as_reward(fn(prompt, completion, sample)))
         # A user's reward function may raise anything; `reward.on_error` is the policy that decides what happens.
         except Exception as err:
+            message = (f"reward function {spec} failed on sample {first_index + i} (prompt {_shorten(prompt)}, "
+                       f"completion {_shorten(completion)}): {type(err).__name__}: {err}")
             if on_error == "raise":
-                raise RewardError(f"reward function {spec} failed on sample {first_index + i} "
-                                  f"(prompt {_shorten(prompt)}, completion {_shorten(completion)}): "
-                                  f"{type(err).__name__}: {err}") from err
+                raise RewardError(message) from err
             rewards.append(0.0)
-            errors += 1
-    return rewards, errors
+            errors, last = errors + 1, message
+    return rewards, errors, last
 
 
 # ------------------------------------------------------------------------------------------------ answer parsing
