@@ -4,25 +4,32 @@
     learner_state.safetensors   the optimizer's tensors (Adam moments, step counts), keyed by their place in the state
     learner_state.json          the rest of the optimizer and scheduler state and the learner's counters
     driver_state.json           the driver's state (step, data iterator position)
+    manifest.json               every other file's size and SHA-256, written last
 
 No file is a pickle, so loading a checkpoint cannot run code that someone put in it: state dicts are split into
 their tensors (safetensors) and a JSON tree in which each tensor is replaced by its key.
 
-Learner 0 writes a checkpoint on its own node (`write`, atomically), and on resume every learner reads it on its
-own: with learners on several nodes, `run.output_dir` must be storage they all see.
+A checkpoint is complete or absent: learner 0 writes it on its own node into a temporary sibling, flushes every file
+to disk, writes the manifest and only then renames the directory into place (`write`). On resume the driver takes
+the newest checkpoint whose files match their manifest (`newest_usable`), naming each newer one it refuses and
+why (a missing, truncated or altered file), and every learner reads it on its own: with learners on several nodes,
+`run.output_dir` must be storage they all see. `prune` keeps the newest `run.keep_checkpoints`.
 
 torch and safetensors are imported by the functions that need them: `distrl validate` uses `latest` without them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 PREFIX = "step_"
 LEARNER_STATE = "learner_state"
+MANIFEST = "manifest.json"
 # Markers of the JSON tree for what JSON cannot say itself; a plain object never has exactly one of these keys.
 TENSOR, TUPLE, INT_KEYS = "__tensor__", "__tuple__", "__int_keys__"
 
@@ -31,10 +38,49 @@ def path_for(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"{PREFIX}{step:06d}"
 
 
+def all_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoint directories, oldest first (temporary directories of an interrupted save excluded)."""
+    return sorted(p for p in (run_dir / "checkpoints").glob(f"{PREFIX}*") if p.name[len(PREFIX):].isdigit())
+
+
 def latest(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint (temporary directories of an interrupted save are ignored)."""
-    found = sorted(p for p in (run_dir / "checkpoints").glob(f"{PREFIX}*") if not p.name.endswith(".tmp"))
+    """The newest checkpoint directory, usable or not (see `newest_usable`)."""
+    found = all_checkpoints(run_dir)
     return found[-1] if found else None
+
+
+def newest_usable(run_dir: Path, checksums: bool = True) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that `problem` finds nothing wrong with (None if there is none), and why each newer
+    one was refused. `checksums=False` checks only that every file is there with its size (no file is read)."""
+    refused: list[str] = []
+    for path in reversed(all_checkpoints(run_dir)):
+        unusable = problem(path, checksums)
+        if unusable is None:
+            return path, refused
+        refused.append(unusable)
+    return None, refused
+
+
+def resume_point(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """The checkpoint to resume from (`newest_usable`, checksums read) and why each newer one was refused. Each
+    refused one is renamed NAME.damaged: kept for inspection, but never loaded, pruned or mistaken for the resumed
+    run's own save of that step."""
+    found, refused = newest_usable(run_dir)
+    for path in all_checkpoints(run_dir):
+        if found is None or path.name > found.name:
+            path.rename(path.with_name(path.name + ".damaged"))
+    return found, refused
+
+
+def prune(run_dir: Path, keep: int | None) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints (None keeps all) and what interrupted saves left; returns the
+    deleted directories. A checkpoint a resume could fall back to is only deleted once `keep` newer ones exist."""
+    found = all_checkpoints(run_dir)
+    doomed = found[: -keep] if keep else []
+    doomed += sorted((run_dir / "checkpoints").glob(f"{PREFIX}*.tmp"))
+    for path in doomed:
+        shutil.rmtree(path)
+    return doomed
 
 
 def driver_state(path: Path) -> dict:
@@ -53,9 +99,34 @@ def write(directory: str | Path, model, learner_state: dict, driver: dict) -> Pa
     model.save_pretrained(tmp / "model", safe_serialization=True)
     save_state(learner_state, tmp, LEARNER_STATE)
     (tmp / "driver_state.json").write_text(json.dumps(driver))
+    # Data on disk before the manifest, and the manifest before the rename: a crash at any point leaves either the
+    # previous checkpoint or this one complete, never a directory that looks complete and is not.
+    files = {}
+    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        files[path.relative_to(tmp).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        _fsync(path)
+    (tmp / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1))
+    _fsync(tmp / MANIFEST)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+    _fsync(final.parent)
     return final
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def load_model(directory: str | Path, model) -> None:
@@ -75,21 +146,52 @@ def load_model(directory: str | Path, model) -> None:
                            f"unexpected {sorted(unexpected)}")
 
 
-def problem(directory: str | Path) -> str | None:
-    """Why the checkpoint in `directory` cannot be loaded, as far as its files tell; None if nothing is amiss."""
+def problem(directory: str | Path, checksums: bool = True) -> str | None:
+    """Why the checkpoint in `directory` cannot be loaded, naming the file; None if every file its manifest lists
+    is there with its size (and, with `checksums`, its SHA-256)."""
     path = Path(directory)
-    if (path / f"{LEARNER_STATE}.json").is_file():
-        return None
     if (path / "learner_state.pt").exists():
         return (f"checkpoint {path} holds learner_state.pt, a pickle written by an older distrl; it is not loaded "
-                f"because unpickling can run code. Start afresh (run.overwrite=true) or resume from a checkpoint "
-                f"written by this version")
-    return f"checkpoint {path} has no {LEARNER_STATE}.json"
+                f"because unpickling can run code. Start afresh (run.overwrite=true, run.resume=false) or resume "
+                f"from a checkpoint written by this version")
+    files = _manifest(path)
+    if isinstance(files, str):
+        return f"checkpoint {path}: {files}"
+    for name, expected in files.items():
+        wrong = _file_problem(path / name, expected, checksums)
+        if wrong:
+            return f"checkpoint {path}: {name} {wrong}"
+    return None
+
+
+def _manifest(path: Path) -> dict[str, dict] | str:
+    """The manifest's files (name -> bytes, sha256), or what is wrong with it."""
+    try:
+        files = json.loads((path / MANIFEST).read_text())["files"]
+    except FileNotFoundError:
+        return f"has no {MANIFEST}: it was not completely written (or was written by an older distrl)"
+    except (ValueError, KeyError, TypeError):
+        return f"{MANIFEST} is damaged (not the JSON that distrl writes)"
+    missing = [n for n in (f"{LEARNER_STATE}.json", f"{LEARNER_STATE}.safetensors", "driver_state.json")
+               if n not in files]
+    return f"{MANIFEST} does not list {', '.join(missing)}" if missing else files
+
+
+def _file_problem(file: Path, expected: dict, checksums: bool) -> str | None:
+    if not file.is_file():
+        return "is missing"
+    size = file.stat().st_size
+    if size != expected["bytes"]:
+        return f"has {size} bytes, the manifest says {expected['bytes']} (truncated?)"
+    if checksums and _sha256(file) != expected["sha256"]:
+        return "does not match its SHA-256 in the manifest (the file was altered)"
+    return None
 
 
 def load_learner_state(directory: str | Path) -> dict:
-    """The `learner_state` that `write` saved, tensors on CPU."""
-    unusable = problem(directory)
+    """The `learner_state` that `write` saved, tensors on CPU. The files' sizes are checked against the manifest
+    here; their checksums were checked by the driver when it chose the checkpoint (`newest_usable`)."""
+    unusable = problem(directory, checksums=False)
     if unusable:
         raise RuntimeError(unusable)
     return load_state(Path(directory), LEARNER_STATE)

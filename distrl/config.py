@@ -376,14 +376,22 @@ class RunConfig(Section):
     """Show a progress bar."""
     checkpoint_every: int = Field(default=0, ge=0)
     """Save a checkpoint every this many steps (0: only at the end if `checkpoint_at_end`)."""
-    checkpoint_at_end: bool = False
-    """Save a checkpoint after the last step."""
+    checkpoint_at_end: bool = True
+    """Save a checkpoint after the last step, so that a finished run can be continued (`resume` with more
+    `steps`) or its policy used."""
+    keep_checkpoints: int | None = Field(default=None, ge=1)
+    """Keep only the newest this many checkpoints (null keeps every one). Each save deletes the older ones after
+    the new one is complete, so a resume always has one to fall back to."""
     resume: bool = False
-    """Continue from the newest checkpoint in the run directory (metrics after that step are dropped)."""
+    """Continue from the newest usable checkpoint in the run directory (metrics after its step are dropped; a newer
+    checkpoint that fails its manifest check is named and skipped). With no checkpoint there, the run starts at
+    step 1."""
     overwrite: bool = False
     """Start afresh in a run directory that already holds a run, deleting what distrl wrote there (config.yaml,
     metrics.jsonl, tensorboard/, checkpoints/; any other file stays). Without it (or `resume`), such a directory is
-    an error, so two runs never mix their files."""
+    an error, so two runs never mix their files. With `resume` as well, a directory that holds a checkpoint is
+    resumed and only one without is started afresh (so `--set run.resume=true` continues the quickstart, which sets
+    `overwrite`)."""
 
     @field_validator("name")
     @classmethod
@@ -501,8 +509,6 @@ class Config(Section):
             errors.append("algorithm.old_logprobs 'rollout' with rollout.sampling.top_p < 1 or "
                           "rollout.sampling.top_k > 0 would take the truncated sampler's log-probs as the old "
                           "policy (biased ratios from the first step); use 'recompute'")
-        if self.run.resume and self.run.overwrite:
-            errors.append("run.resume and run.overwrite contradict each other; set one")
         if self.cluster.weight_sync == "nccl" and (
             self.cluster.learner.num_gpus == 0 or self.cluster.rollout.num_gpus == 0
         ):

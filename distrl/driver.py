@@ -49,6 +49,8 @@ class Job:
     history: list[dict] = field(default_factory=list)
     learner_clock: BusyClock = field(default_factory=BusyClock)
     reference_clock: BusyClock = field(default_factory=BusyClock)
+    last_step: int = 0  # the newest step whose row is written
+    checkpointed: int = 0  # the newest step checkpointed in this run
 
 
 def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
@@ -59,6 +61,12 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
         preflight.check(cfg)  # model, data, reward and run directory, before Ray or any actor starts
     with ExitStack() as cleanup:
         run = cleanup.enter_context(closing(RunDir(cfg)))
+        found = resume_point(run) if cfg.run.resume else None
+        done = checkpoint.driver_state(found) if found else {"step": 0}
+        if done["step"] >= cfg.run.steps:
+            print(f"{run.path} is complete at step {done['step']} (run.steps = {cfg.run.steps}): nothing to train; "
+                  f"raise run.steps to continue it")
+            return []
         with startup("cluster"):
             backend = connect(cfg.cluster)
             cleanup.callback(backend.close)
@@ -67,8 +75,6 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
             tokenizer = load_tokenizer(cfg.model)
             prompts, data_stats = load_prompts(cfg.data, tokenizer)
             stream = PromptStream(prompts, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-        found = checkpoint.latest(run.path) if cfg.run.resume else None
-        done = checkpoint.driver_state(found) if found else {"step": 0}
         with startup("actors"):  # until every engine serves the first weights
             roles = cleanup.enter_context(started_roles(cfg, backend, done["step"] + 1, rollout_worker))
             restore(found, done, run, roles, stream)
@@ -198,12 +204,35 @@ def end_step(job: Job, step: int, scored: ScoredRollouts, produced: BatchStats, 
     row = job.run.step_metrics(step, scored, metrics, sync, job.timer.pop(), job.data_stats)
     job.history.append(row)
     job.run.log(step, row)
+    job.last_step = step
     # After the row is written, so a checkpoint's step always has its row; its time shows in the next row.
     if job.run.checkpoint_due(step):
         with job.timer("checkpoint"):
-            path = str(checkpoint.path_for(job.run.path, step))
-            job.roles.backend.get(job.roles.learner.call(0, Learner.save_checkpoint, path,
-                                                         {"step": step, "data": job.stream.state_dict()}))
+            save_checkpoint(job)
+
+
+def save_checkpoint(job: Job) -> Path:
+    """Checkpoint the last finished step (learner 0 writes it and prunes the older ones)."""
+    path = checkpoint.path_for(job.run.path, job.last_step)
+    job.roles.backend.get(job.roles.learner.call(0, Learner.save_checkpoint, str(path),
+                                                 {"step": job.last_step, "data": job.stream.state_dict()},
+                                                 job.cfg.run.keep_checkpoints))
+    job.checkpointed = job.last_step
+    return path
+
+
+def resume_point(run: RunDir) -> Path | None:
+    """The checkpoint `run.resume` continues from (None: there is none, start at step 1); says which newer ones
+    were refused and why. Raises if checkpoints exist and none is usable."""
+    found, refused = checkpoint.resume_point(run.path)
+    for why in refused:
+        print(f"not resuming from a damaged checkpoint, set aside as .damaged: {why}")
+    if found is None and refused:
+        raise RuntimeError(f"run.resume: no usable checkpoint in {run.path / 'checkpoints'}; start afresh with "
+                           f"run.overwrite=true (and run.resume=false)")
+    if found is None:
+        print(f"run.resume: {run.path} holds no checkpoint; starting at step 1")
+    return found
 
 
 def restore(found: Path | None, state: dict, run: RunDir, roles: Roles, stream: PromptStream) -> None:

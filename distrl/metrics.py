@@ -36,8 +36,9 @@ class JsonlSink(Sink):
         self.file = path.open("a", buffering=1)
 
     def write(self, step: int, metrics: dict[str, float | None]) -> None:
-        clean = {k: (v if v is None or math.isfinite(v) else None) for k, v in metrics.items()}
-        self.file.write(json.dumps({"step": step, **clean}) + "\n")
+        # A non-finite figure is written as it was (NaN, Infinity, -Infinity: what Python's json and pandas read
+        # back as floats), not as null, which means "not measured": a skipped step must show its loss and norm.
+        self.file.write(json.dumps({"step": step, **metrics}, allow_nan=True) + "\n")
 
     def close(self) -> None:
         self.file.close()

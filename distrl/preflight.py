@@ -216,10 +216,11 @@ def _run_dir(run: RunConfig, problems: list[str]) -> None:
     problem = reuse_problem(path, run)
     if problem:
         problems.append(f"run.name: {problem}")
-    found = checkpoint.latest(path) if run.resume and path.is_dir() else None
-    unusable = checkpoint.problem(found) if found else None
-    if unusable:
-        problems.append(f"run.resume: {unusable}")
+    if run.resume and path.is_dir():
+        # Sizes only: the driver reads the checksums when it picks the checkpoint, and names a newer one it refuses.
+        found, refused = checkpoint.newest_usable(path, checksums=False)
+        if found is None and refused:
+            problems.append(f"run.resume: no usable checkpoint; the newest: {refused[0]}")
 
 
 def _relative_note(path: str) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from distrl import checkpoint
 from distrl.config import Config, RunConfig, to_yaml
 from distrl.metrics import JsonlSink, MetricsLogger, RayMetricsSink, Sink, TensorBoardSink
 
@@ -90,7 +91,9 @@ class RunDir:
         problem = reuse_problem(self.path, self.cfg.run)
         if problem:
             raise FileExistsError(problem)
-        if self.cfg.run.overwrite and holds_run(self.path):
+        # With run.resume too, a directory that holds a checkpoint is continued, not replaced (see RunConfig).
+        resuming = self.cfg.run.resume and checkpoint.latest(self.path) is not None
+        if self.cfg.run.overwrite and holds_run(self.path) and not resuming:
             for name in OWN:
                 _remove(self.path / name)
         made_dirs = [p for p in (self.path, *self.path.parents) if not p.exists()]

@@ -1,11 +1,16 @@
 """State dicts survive the checkpoint format (safetensors + JSON) exactly, and what it cannot hold without pickle
-is refused when saving rather than lost."""
+is refused when saving rather than lost. A checkpoint is complete or refused: its manifest names a missing,
+truncated or altered file, resume falls back to the newest complete one, and pruning keeps the newest K."""
 
+import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
+from distrl import checkpoint
 from distrl.checkpoint import latest, load_state, path_for, save_state
 
 
@@ -46,3 +51,82 @@ def test_latest_ignores_an_interrupted_save(tmp_path):
     path_for(tmp_path, 10).mkdir()
     path_for(tmp_path, 12).with_name("step_000012.tmp").mkdir()
     assert latest(tmp_path) == path_for(tmp_path, 10)
+
+
+class WeightsOnly:
+    """Stands in for an HF model: `save_pretrained` writes one safetensors file."""
+
+    def save_pretrained(self, directory: Path, safe_serialization: bool) -> None:
+        from safetensors.torch import save_file
+
+        directory.mkdir()
+        save_file({"w": torch.arange(64.0)}, directory / "model.safetensors")
+
+
+def saved(run_dir: Path, step: int) -> Path:
+    state = {"optimizer": {"state": {0: {"exp_avg": torch.ones(8)}}}, "optimizer_steps": step}
+    return checkpoint.write(path_for(run_dir, step), WeightsOnly(), state, {"step": step})
+
+
+def test_a_written_checkpoint_lists_every_file_with_its_size_and_checksum(tmp_path):
+    path = saved(tmp_path, 3)
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    assert sorted(files) == ["driver_state.json", "learner_state.json", "learner_state.safetensors",
+                             "model/model.safetensors"]
+    assert files["driver_state.json"]["bytes"] == len('{"step": 3}')
+    assert checkpoint.problem(path) is None
+    assert checkpoint.load_learner_state(path)["optimizer_steps"] == 3
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+
+
+def _truncate(path: Path) -> None:
+    file = path / "model" / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:-10])
+
+
+def _flip_a_byte(path: Path) -> None:
+    file = path / "learner_state.safetensors"
+    data = bytearray(file.read_bytes())
+    data[-1] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage,message,seen_without_checksums", [
+    (_truncate, r"model/model\.safetensors has \d+ bytes, the manifest says \d+ \(truncated\?\)", True),
+    (_flip_a_byte, r"learner_state\.safetensors does not match its SHA-256", False),
+    (lambda p: (p / "driver_state.json").unlink(), r"driver_state\.json is missing", True),
+    (lambda p: (p / "manifest.json").unlink(), r"has no manifest\.json: it was not completely written", True),
+    (lambda p: (p / "manifest.json").write_text("{"), r"manifest\.json is damaged", True),
+])
+def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path, damage, message, seen_without_checksums):
+    path = saved(tmp_path, 1)
+    damage(path)
+    why = checkpoint.problem(path)
+    assert why is not None and re.search(message, why), why
+    # Learners check sizes only (the driver read the checksums when it chose the checkpoint).
+    assert (checkpoint.problem(path, checksums=False) is not None) == seen_without_checksums
+    if seen_without_checksums:
+        with pytest.raises(RuntimeError, match="step_000001"):
+            checkpoint.load_learner_state(path)
+
+
+def test_resume_falls_back_to_the_newest_complete_checkpoint_and_sets_the_damaged_aside(tmp_path):
+    for step in (2, 4, 6):
+        saved(tmp_path, step)
+    _flip_a_byte(path_for(tmp_path, 6))
+    found, refused = checkpoint.resume_point(tmp_path)
+    assert found == path_for(tmp_path, 4)
+    assert len(refused) == 1 and "step_000006" in refused[0] and "SHA-256" in refused[0]
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step_000002", "step_000004", "step_000006.damaged"]
+    assert checkpoint.latest(tmp_path) == path_for(tmp_path, 4)  # a later save of step 6 is not confused with it
+
+
+def test_prune_keeps_the_newest_k_and_clears_interrupted_saves(tmp_path):
+    for step in (1, 2, 3):
+        saved(tmp_path, step)
+    path_for(tmp_path, 4).with_name("step_000004.tmp").mkdir()
+    deleted = checkpoint.prune(tmp_path, keep=2)
+    assert [p.name for p in deleted] == ["step_000001", "step_000004.tmp"]
+    assert checkpoint.all_checkpoints(tmp_path) == [path_for(tmp_path, 2), path_for(tmp_path, 3)]
+    assert checkpoint.prune(tmp_path, keep=None) == []

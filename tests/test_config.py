@@ -85,9 +85,9 @@ BAD = [
     (["learner.dtype=float16"], "learner.dtype"),
     (["rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size"),
     (["algorithm.old_logprobs=rollout", "rollout.sampling.top_p=0.9"], "rollout.sampling.top_p"),
-    (["run.resume=true", "run.overwrite=true"], "run.overwrite"),
     (["cluster.num_cpus=2", "cluster.learner.num_cpus=1.5"], "cluster.learner.num_actors x num_cpus"),
     (["loss.kl.cof=0.1"], "loss.kl.cof"),
+    (["run.keep_checkpoints=0"], "run.keep_checkpoints"),
 ]
 
 

@@ -1,6 +1,7 @@
 """The driver's loops on the local backend (every role in this process, no Ray, an HF-sampling rollout worker):
 the synchronous loop trains on-policy, the asynchronous one stays within its staleness bound, dynamic sampling
-fills batches with groups that carry a signal, and a resumed run neither skips nor repeats a prompt."""
+fills batches with groups that carry a signal, a resumed run neither skips nor repeats a prompt, and the quickstart
+(which sets run.overwrite) continues with `--set run.resume=true`."""
 
 import json
 from pathlib import Path
@@ -64,7 +65,7 @@ def test_async_resume_neither_skips_nor_repeats_a_prompt(tmp_path, tiny_model_di
     common = ("loop.mode=async", "loop.max_staleness=2", "run.checkpoint_every=2", "data.shuffle=false")
     full = local_config(tmp_path / "full", tiny_model_dir, *common, "run.steps=6")
     train(full, rollout_worker=HFRolloutWorker)
-    first = local_config(tmp_path / "cut", tiny_model_dir, *common, "run.steps=3")
+    first = local_config(tmp_path / "cut", tiny_model_dir, *common, "run.steps=3", "run.checkpoint_at_end=false")
     train(first, rollout_worker=HFRolloutWorker)  # checkpoint at step 2; step 3 was trained but not saved
     resumed = local_config(tmp_path / "cut", tiny_model_dir, *common, "run.steps=6", "run.resume=true",
                            "run.overwrite=false")
@@ -74,3 +75,19 @@ def test_async_resume_neither_skips_nor_repeats_a_prompt(tmp_path, tiny_model_di
     # 4 steps of 4 prompts were trained, in ticket order: 0..15 consumed, nothing beyond.
     assert state["data"] == {"next": 16, "consumed": [], "num_prompts": 256}
     assert [r["step"] for r in rows(resumed)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_continues_the_quickstart_from_its_final_checkpoint(tmp_path, tiny_model_dir, capsys):
+    # The quickstart sets run.overwrite and, by default, checkpoints its last step.
+    train(local_config(tmp_path, tiny_model_dir, "run.steps=2", "run.checkpoint_every=1", "run.keep_checkpoints=1"),
+          rollout_worker=HFRolloutWorker)
+    checkpoints = tmp_path / "quickstart" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000002"]  # step 1's was pruned
+    finished = local_config(tmp_path, tiny_model_dir, "run.steps=2", "run.resume=true")
+    assert train(finished, rollout_worker=HFRolloutWorker) == []
+    assert "complete at step 2 (run.steps = 2): nothing to train; raise run.steps" in capsys.readouterr().out
+    more = local_config(tmp_path, tiny_model_dir, "run.steps=3", "run.resume=true")
+    history = train(more, rollout_worker=HFRolloutWorker)
+    assert "resumed from" in capsys.readouterr().out and len(history) == 1
+    assert [r["step"] for r in rows(more)] == [1, 2, 3]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000002", "step_000003"]

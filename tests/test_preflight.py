@@ -79,6 +79,11 @@ def _pickled_checkpoint(tmp_path: Path) -> dict:
     return {"run": {"resume": True}}
 
 
+def _half_written_checkpoint(tmp_path: Path) -> dict:
+    (tmp_path / "runs" / "r" / "checkpoints" / "step_000003" / "model").mkdir(parents=True)
+    return {"run": {"resume": True, "overwrite": True}}  # overwrite does not replace a run that resume continues
+
+
 CASES = [
     # (id, sections (a function of tmp_path and the tiny model's directory), the one problem expected: a regex)
     ("missing model dir", lambda t, m: {"model": {"path": str(t / "nope")}}, r"^model\.path: .*/nope does not exist$"),
@@ -108,7 +113,10 @@ CASES = [
     ("run dir holds a run", lambda t, m: _used_run_dir(t),
      r"^run\.name: .*/runs/r already holds a run: set run\.resume=true .* run\.overwrite=true"),
     ("resume from a pickled checkpoint", lambda t, m: _pickled_checkpoint(t),
-     r"^run\.resume: checkpoint .*step_000002 holds learner_state\.pt, a pickle"),
+     r"^run\.resume: no usable checkpoint; the newest: checkpoint .*step_000002 holds learner_state\.pt, a pickle"),
+    ("resume from a half-written checkpoint", lambda t, m: _half_written_checkpoint(t),
+     r"^run\.resume: no usable checkpoint; the newest: checkpoint .*step_000003: has no manifest\.json: it was not "
+     r"completely written"),
 ]
 
 

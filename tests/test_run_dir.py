@@ -3,6 +3,7 @@ step; step times and overhead add up; metric merging keeps min/max meaning; rewa
 reseed the engines."""
 
 import json
+import math
 import time
 from types import SimpleNamespace
 
@@ -80,6 +81,27 @@ def test_resume_forgets_steps_after_the_checkpoint(tmp_path):
     resumed.close()
     rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 0.1), (2, 9.0)]
+
+
+@pytest.mark.parametrize("with_checkpoint", [True, False])
+def test_resume_with_overwrite_continues_a_checkpointed_run_and_replaces_one_without(tmp_path, with_checkpoint):
+    # The quickstart sets overwrite; `--set run.resume=true` must continue it, not delete what it would resume.
+    run = used_run(tmp_path)
+    if with_checkpoint:
+        (run.path / "checkpoints" / "step_000003").mkdir(parents=True)
+    RunDir(cfg(tmp_path, ("overwrite", True), ("resume", True))).close()
+    assert (run.path / "metrics.jsonl").is_file() == with_checkpoint
+    assert (run.path / "checkpoints").is_dir() == with_checkpoint
+
+
+def test_metrics_rows_keep_non_finite_figures_and_null_for_the_unmeasured(tmp_path):
+    run = RunDir(cfg(tmp_path))
+    run.log(1, {**row(0.5), "loss/policy": float("nan"), "learner/grad_norm": float("inf"), "kl/ref": None})
+    run.close()
+    line = (run.path / "metrics.jsonl").read_text()
+    assert '"loss/policy": NaN' in line and '"learner/grad_norm": Infinity' in line and '"kl/ref": null' in line
+    back = json.loads(line)  # Python's json (and pandas) read them back as floats
+    assert math.isnan(back["loss/policy"]) and back["learner/grad_norm"] == math.inf and back["kl/ref"] is None
 
 
 def test_merge_metrics_keeps_min_and_max_and_weights_means_by_tokens():

@@ -234,13 +234,15 @@ class Learner:
                 nccl.send_bucket(self._nccl, {name: state[name].to(DTYPES[dtype]) for name, _ in spec})
 
     # ---------------------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, directory: str, driver_state: dict) -> str:
+    def save_checkpoint(self, directory: str, driver_state: dict, keep: int | None = None) -> str:
         """Write the model, optimizer/scheduler state and the driver's state to `directory` (`checkpoint.write`,
-        atomically). Returns the directory."""
+        atomically), then keep only the newest `keep` checkpoints beside it (None: all). Returns the directory."""
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps,
                  "consecutive_nonfinite": self._consecutive_nonfinite}
-        return str(checkpoint.write(directory, self.model, state, driver_state))
+        path = checkpoint.write(directory, self.model, state, driver_state)
+        checkpoint.prune(path.parent.parent, keep)  # on this node, where the files are
+        return str(path)
 
     def load_checkpoint(self, directory: str) -> None:
         """Continue from the checkpoint in `directory`: weights, optimizer, scheduler and step counters."""
