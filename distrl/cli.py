@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from distrl import config, preflight
 
@@ -50,12 +51,28 @@ def main(argv: list[str] | None = None) -> int:
             print(config.to_yaml(cfg), end="")
             return 0
         from distrl.driver import train
+        from distrl.stop import Stopped
 
-        train(cfg)  # runs the preflight before it starts anything
+        try:
+            train(cfg)  # runs the preflight before it starts anything
+        except Stopped as stopped:  # the first SIGINT / SIGTERM: the step in progress finished and was saved
+            print(f"distrl: {stopped}", file=sys.stderr)
+            return stopped.exit_code
+        except KeyboardInterrupt:  # a second one: stopped at once, after the same clean-up
+            print(f"distrl: stopped at once; every actor was released. {_resume_hint(cfg)}", file=sys.stderr)
+            return 130
     except (config.ConfigError, preflight.PreflightError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _resume_hint(cfg: config.Config) -> str:
+    from distrl import checkpoint
+
+    found = checkpoint.latest(Path(cfg.run.output_dir) / cfg.run.name)
+    return (f"The newest checkpoint is {found}: continue with --set run.resume=true" if found else
+            "The run has no checkpoint to resume from (set run.checkpoint_every to keep some)")
 
 
 if __name__ == "__main__":

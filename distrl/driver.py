@@ -27,6 +27,7 @@ from distrl.config import Config
 from distrl.data import PromptStream, load_prompts
 from distrl.metrics import BusyClock, PhaseTimer
 from distrl.run_dir import RunDir
+from distrl.stop import StopOnSignal, Stopped
 from distrl.types import ScoredRollouts, Sequences, TrainBatch
 from distrl.workers.learner import Learner, merge_metrics
 from distrl.workers.model import load_tokenizer
@@ -85,15 +86,24 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
         producer = Producer(roles.rollout, stream, cfg.reward, prompts_per_step=cfg.rollout.prompts_per_step,
                             max_staleness=cfg.max_staleness, chunk_prompts=cfg.rollout.chunk_prompts,
                             dynamic_sampling=cfg.rollout.dynamic_sampling, version=done["step"])
-        job = Job(cfg, roles, producer, stream, run, tokenizer.pad_token_id, data_stats)
-        steps = run.progress(range(done["step"] + 1, cfg.run.steps + 1))
+        job = Job(cfg, roles, producer, stream, run, tokenizer.pad_token_id, data_stats, last_step=done["step"],
+                  checkpointed=done["step"])
+        stop = cleanup.enter_context(StopOnSignal())  # after Ray's own SIGTERM handler, which it replaces
+        steps = stop.steps(run.progress(range(done["step"] + 1, cfg.run.steps + 1)))
         if cfg.max_staleness == 0:
             train_sync(job, steps)
         else:
             from distrl.driver_async import train_async
 
             train_async(job, steps)
+        if stop.signal is not None and job.checkpointed < job.last_step:
+            save_checkpoint(job)
     run.summary(job.history)  # after the actors are gone, so their last log lines do not trail it
+    if stop.signal is not None:
+        kept = (f"{run.path} holds a checkpoint of step {job.checkpointed}: continue with --set run.resume=true"
+                if job.checkpointed else "no step had finished, so there is nothing to resume")
+        raise Stopped(stop.signal_name, 128 + stop.signal, f"stopped by {stop.signal_name} after step "
+                      f"{job.last_step} of {cfg.run.steps}; every actor was released. {kept}")
     return job.history
 
 

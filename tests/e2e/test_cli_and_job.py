@@ -1,4 +1,5 @@
-"""The command line and Ray job paths: a bad config fails before any actor starts; `ray job submit` runs the
+"""The command line and Ray job paths: a bad config fails before any actor starts; SIGTERM finishes the step,
+checkpoints it and leaves no Ray process behind; `ray job submit` runs the
 quickstart against a local cluster that the test starts (token auth on, 127.0.0.1, its own HOME and temp dir) and
 stops, leaving any other cluster on the machine alone."""
 
@@ -36,6 +37,32 @@ def test_unknown_reward_function_fails_before_any_actor_starts(tmp_path):
     assert result.returncode == 2 and "reward.function: reward function 'distrl.nowhere:nothing'" in result.stderr
     assert "Traceback" not in result.stderr
     assert "ray: " not in result.stdout
+
+
+def test_sigterm_finishes_the_step_and_leaves_no_ray_process_behind(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
+           "--set", f"run.output_dir={tmp_path}", "--set", f"model.path={tmp_path / 'model'}",
+           "--set", "run.steps=100000", "--set", "run.progress=false"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "quickstart" / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no step logged; stderr:\n{proc.communicate()[1][-3000:]}")
+        time.sleep(0.2)
+    cluster = psutil.Process(proc.pid).children(recursive=True)  # GCS, raylet, dashboard, workers, actors
+    assert cluster, "the embedded cluster's processes should be the driver's descendants"
+    proc.terminate()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    assert "stopped by SIGTERM after step" in err and "continue with --set run.resume=true" in err
+    assert "SIGABRT" not in err and "Aborted" not in err and "*** SIG" not in err, err[-3000:]
+    _, alive = psutil.wait_procs(cluster, timeout=15)
+    assert not alive, f"outlived the driver: {[p.pid for p in alive]}"
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert (tmp_path / "quickstart" / "checkpoints" / f"step_{steps[-1]:06d}" / "manifest.json").is_file()
 
 
 def free_port() -> int:
