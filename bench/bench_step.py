@@ -57,9 +57,13 @@ def main() -> None:
     print(f"rollout tokens/s (generate phase): {statistics.fmean(waited):.0f}" if waited else
           "rollout tokens/s (generate phase): n/a (no step waited for its batch)")
     print(f"throughput tokens/s (whole step):  {statistics.fmean(r['throughput/tokens_per_s'] for r in rows):.0f}")
+    # A push lasts from its start until every engine serves the new weights; the driver waits for all of it in the
+    # synchronous loop (time/sync), only for its start in the asynchronous one, where each engine takes the
+    # weights after the chunk it is generating.
     sync_bytes = next(r["sync/bytes"] for r in rows if r["sync/bytes"] is not None)
-    print(f"weight sync: {sync_bytes / 2**20:.2f} MiB in {statistics.fmean(r['time/sync'] for r in rows):.3f} s "
-          f"= {statistics.fmean(r['sync/bytes_per_s'] for r in rows if r['sync/bytes_per_s']) / 2**20:.1f} MiB/s")
+    rate = statistics.fmean(r["sync/bytes_per_s"] for r in rows if r["sync/bytes_per_s"])
+    print(f"weight sync: {sync_bytes / 2**20:.2f} MiB a push, {sync_bytes / rate:.3f} s until every engine served "
+          f"it ({rate / 2**20:.1f} MiB/s); the driver waited {statistics.fmean(r['time/sync'] for r in rows):.3f} s")
     # Step times add up to the run's wall time (a step's logging is counted in the next step), so the overhead
     # share is the driver's own work against everything the run spent.
     overhead = statistics.fmean(r["time/driver_overhead"] for r in rows)
