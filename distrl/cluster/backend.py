@@ -3,16 +3,19 @@ process). `cluster.backend` picks one; the driver sees only this interface, so i
 
 `RayBackend` connects to Ray for the length of a run: an embedded local cluster of its own by default (bound to
 127.0.0.1, dashboard there unless `cluster.dashboard_host` says otherwise), or an existing one (a Ray job,
-`cluster.address`, `RAY_ADDRESS`). `close()` shuts down only what it started.
+`cluster.address`, `RAY_ADDRESS`). `close()` shuts down only what it started; an embedded cluster whose driver dies
+without `close()` (SIGKILL) is ended by `distrl.cluster.reaper`.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from distrl.cluster import reaper
 from distrl.cluster.group import ActorGroup, Done, LocalGroup, Placement, RayGroup
 from distrl.config import ClusterConfig, RoleResources
 
@@ -96,6 +99,7 @@ class RayBackend(Backend):
         address = cfg.address or os.environ.get("RAY_ADDRESS")
         self.owned = not ray.is_initialized()
         self._remote_fns: dict[Callable, Any] = {}
+        self._reaper: subprocess.Popen | None = None
         if not self.owned:
             self.description = "ray: using the session already initialised in this process"
         elif address:
@@ -106,6 +110,8 @@ class RayBackend(Backend):
             # (without it Ray joins that one and refuses num_cpus).
             ctx = ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=True,
                            dashboard_host=cfg.dashboard_host, _node_ip_address="127.0.0.1")
+            # Ends Ray's agents if this process dies without shutting the cluster down (SIGKILL, OOM killer).
+            self._reaper = reaper.start(os.getpid())
             self.description = f"ray: embedded cluster, dashboard at http://{ctx.dashboard_url or 'unavailable'}"
 
     def group(self, worker: type, role: str, resources: RoleResources, placement: Placement | None, *,
@@ -162,6 +168,10 @@ class RayBackend(Backend):
 
         if self.owned and ray.is_initialized():
             ray.shutdown()
+        if self._reaper is not None:
+            self._reaper.terminate()
+            self._reaper.wait(timeout=10)
+            self._reaper = None
 
 
 def connect(cfg: ClusterConfig) -> Backend:

@@ -1,5 +1,5 @@
 """The command line and Ray job paths: a bad config fails before any actor starts; SIGTERM finishes the step,
-checkpoints it and leaves no Ray process behind; `ray job submit` runs the
+checkpoints it and leaves no Ray process behind, nor does SIGKILL; `ray job submit` runs the
 quickstart against a local cluster that the test starts (token auth on, 127.0.0.1, its own HOME and temp dir) and
 stops, leaving any other cluster on the machine alone."""
 
@@ -39,8 +39,8 @@ def test_unknown_reward_function_fails_before_any_actor_starts(tmp_path):
     assert "ray: " not in result.stdout
 
 
-def test_sigterm_finishes_the_step_and_leaves_no_ray_process_behind(tmp_path):
-    psutil = pytest.importorskip("psutil")
+def start_quickstart(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """`distrl train` on the quickstart with endless steps, once it has logged two steps; (process, metrics)."""
     cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
            "--set", f"run.output_dir={tmp_path}", "--set", f"model.path={tmp_path / 'model'}",
            "--set", "run.steps=100000", "--set", "run.progress=false"]
@@ -52,17 +52,44 @@ def test_sigterm_finishes_the_step_and_leaves_no_ray_process_behind(tmp_path):
             proc.kill()
             pytest.fail(f"no step logged; stderr:\n{proc.communicate()[1][-3000:]}")
         time.sleep(0.2)
-    cluster = psutil.Process(proc.pid).children(recursive=True)  # GCS, raylet, dashboard, workers, actors
+    return proc, metrics
+
+
+def all_ended(procs, timeout: float) -> list[int]:
+    """Wait until every process in `procs` has exited (a zombie has: only its parent's wait is missing); returns
+    the pids still running after `timeout` seconds."""
+    from distrl.cluster.reaper import _alive
+
+    deadline = time.monotonic() + timeout
+    while (running := [p.pid for p in procs if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return running
+
+
+def test_sigterm_finishes_the_step_and_leaves_no_ray_process_behind(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    proc, metrics = start_quickstart(tmp_path)
+    cluster = psutil.Process(proc.pid).children(recursive=True)  # GCS, raylet, dashboard, agents, actors
     assert cluster, "the embedded cluster's processes should be the driver's descendants"
     proc.terminate()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
     assert "stopped by SIGTERM after step" in err and "continue with --set run.resume=true" in err
     assert "SIGABRT" not in err and "Aborted" not in err and "*** SIG" not in err, err[-3000:]
-    _, alive = psutil.wait_procs(cluster, timeout=15)
-    assert not alive, f"outlived the driver: {[p.pid for p in alive]}"
+    assert not all_ended(cluster, timeout=15), "outlived the driver"
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert (tmp_path / "quickstart" / "checkpoints" / f"step_{steps[-1]:06d}" / "manifest.json").is_file()
+
+
+def test_sigkill_of_the_driver_leaves_no_ray_process_behind(tmp_path):
+    # Without distrl's reaper, Ray's dashboard and runtime-env agents outlive a SIGKILLed driver for minutes.
+    psutil = pytest.importorskip("psutil")
+    proc, _ = start_quickstart(tmp_path)
+    cluster = psutil.Process(proc.pid).children(recursive=True)
+    proc.kill()
+    proc.communicate(timeout=30)
+    running = all_ended(cluster, timeout=20)
+    assert not running, [(p.pid, p.name()) for p in cluster if p.pid in running]
 
 
 def free_port() -> int:
