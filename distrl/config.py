@@ -293,6 +293,9 @@ class RewardConfig(Section):
     """CPUs reserved by each reward task."""
     batch_per_task: int = Field(default=64, gt=0)
     """Samples scored per Ray task."""
+    max_retries: int = Field(default=3, ge=0)
+    """Times a reward task is run again when its process dies (killed, out of memory, node lost). An exception
+    raised by the reward function is not an infrastructure failure: `on_error` decides what happens to it."""
 
 
 # --------------------------------------------------------------------------------------------------------- cluster

@@ -144,7 +144,6 @@ class RunDir:
         m.update({
             "policy_version": float(max(rollouts.policy_version)),  # the newest weights that sampled this batch
             "reward/mean": statistics.fmean(scored.rewards), "reward/std": statistics.pstdev(scored.rewards),
-            "reward/errors": float(scored.reward_errors),
             "response_length/mean": statistics.fmean(lengths), "response_length/max": float(max(lengths)),
             "response_length/truncated_frac": statistics.fmean(f == "length" for f in rollouts.finish_reasons),
             "data/dropped_prompts": float(data_stats.dropped),

@@ -87,13 +87,11 @@ class Rollouts:
 
 @dataclass(frozen=True)
 class ScoredRollouts:
-    """Rollouts and their rewards: `rewards[i]` scores sample i; `reward_errors` samples failed in the reward
-    function and were scored 0 (`reward.on_error: zero`), `reward_error` says how the last of them failed."""
+    """Rollouts and their rewards: `rewards[i]` scores sample i (0.0 where the reward function failed under
+    `reward.on_error: zero`; the producer counts those as they are scored)."""
 
     rollouts: Rollouts
     rewards: list[float]
-    reward_errors: int = 0
-    reward_error: str | None = None
 
     def __len__(self) -> int:
         return len(self.rollouts)
@@ -105,18 +103,15 @@ class ScoredRollouts:
         return self
 
     def groups(self) -> list[ScoredRollouts]:
-        """One part per prompt (its contiguous samples); reward errors stay with the first part."""
+        """One part per prompt (its contiguous samples)."""
         starts = [i for i, g in enumerate(self.rollouts.group) if i == 0 or g != self.rollouts.group[i - 1]]
         bounds = [*starts, len(self)]
-        return [ScoredRollouts(self.rollouts.select(list(range(a, b))), self.rewards[a:b],
-                               *((self.reward_errors, self.reward_error) if k == 0 else (0, None)))
-                for k, (a, b) in enumerate(pairwise(bounds))]
+        return [ScoredRollouts(self.rollouts.select(list(range(a, b))), self.rewards[a:b])
+                for a, b in pairwise(bounds)]
 
     @staticmethod
     def concat(parts: list[ScoredRollouts]) -> ScoredRollouts:
-        last = next((p.reward_error for p in reversed(parts) if p.reward_error), None)
-        return ScoredRollouts(Rollouts.concat([p.rollouts for p in parts]), [r for p in parts for r in p.rewards],
-                              sum(p.reward_errors for p in parts), last)
+        return ScoredRollouts(Rollouts.concat([p.rollouts for p in parts]), [r for p in parts for r in p.rewards])
 
 
 R = TypeVar("R", "Sequences", "TrainBatch")

@@ -115,8 +115,7 @@ def test_concat_joins_parts_of_different_versions():
 
 def test_scored_rollouts_split_into_groups_by_ticket():
     r = Rollouts.concat([rollouts(), dataclasses.replace(rollouts(), group=[7, 7, 9, 9])])
-    groups = ScoredRollouts(r, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], reward_errors=1).validate().groups()
+    groups = ScoredRollouts(r, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]).validate().groups()
     assert [g.rollouts.group for g in groups] == [[0, 0], [1, 1], [7, 7], [9, 9]]
     assert [g.rewards for g in groups] == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]]
-    assert sum(g.reward_errors for g in groups) == 1
     assert ScoredRollouts.concat(groups).rewards == [float(i) for i in range(1, 9)]

@@ -10,6 +10,7 @@ import pytest
 
 from distrl import config
 from distrl.driver import train
+from distrl.workers.rewards import RewardError
 from tests.hf_rollout import HFRolloutWorker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,3 +92,16 @@ def test_resume_continues_the_quickstart_from_its_final_checkpoint(tmp_path, tin
     assert "resumed from" in capsys.readouterr().out and len(history) == 1
     assert [r["step"] for r in rows(more)] == [1, 2, 3]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000002", "step_000003"]
+
+
+def test_a_reward_that_always_fails_stops_the_run_even_when_its_groups_are_filtered(tmp_path, tiny_model_dir):
+    # on_error zero scores every sample 0, so dynamic sampling filters every group: the failures still count.
+    failing = ("reward.function=tests.e2e.faulty_rewards:always_raises", "reward.on_error=zero",
+               "rollout.dynamic_sampling.max_rounds=2")
+    with pytest.raises(RewardError, match=r"(\d+) of the \1 samples scored for step 1 failed .* The last failure: "
+                                          r"reward function tests\.e2e\.faulty_rewards:always_raises failed on sample"):
+        train(local_config(tmp_path / "stops", tiny_model_dir, *failing), rollout_worker=HFRolloutWorker)
+    tolerated = local_config(tmp_path / "goes-on", tiny_model_dir, *failing, "reward.max_error_frac=1.0",
+                             "run.steps=1")
+    (row,) = train(tolerated, rollout_worker=HFRolloutWorker)
+    assert row["reward/errors"] >= 16 and row["reward/mean"] == 0.0  # 2 rounds of 4 prompts x 4 samples scored

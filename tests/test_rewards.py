@@ -12,7 +12,6 @@ import pytest
 from distrl.cluster.rewards import check_failures
 from distrl.config import RewardConfig
 from distrl.tasks.toy import toy_reward
-from distrl.types import Rollouts, ScoredRollouts
 from distrl.workers.rewards import (
     RewardError,
     exact_match,
@@ -179,27 +178,13 @@ def test_score_batch_zero_scores_and_counts_failures(plugin):
     assert last.startswith(f"reward function {plugin} failed on sample 13") and "non-finite reward nan" in last
 
 
-def _scored(errors: int, last: str | None = None) -> ScoredRollouts:
-    n = 8
-    rollouts = Rollouts(prompt_ids=[[1]] * n, response_ids=[[2]] * n, rollout_logprobs=[[0.0]] * n,
-                        response_texts=["a"] * n, finish_reasons=["stop"] * n, group=[0] * n, policy_version=[0] * n)
-    return ScoredRollouts(rollouts, [0.0] * n, errors, last)
-
-
 def test_a_step_in_which_most_samples_fail_stops_the_run_with_the_last_error():
-    cfg = RewardConfig(on_error="zero")  # max_error_frac 0.5
-    check_failures(_scored(4, "reward function f failed on sample 3: KeyError: 'x'"), cfg, step=2)  # half: goes on
-    with pytest.raises(RewardError, match=r"5 of the 8 samples of step 2 failed .* reward\.max_error_frac = 0\.5"
-                                          r".* The last failure: reward function f failed on sample 3: KeyError"):
-        check_failures(_scored(5, "reward function f failed on sample 3: KeyError: 'x'"), cfg, step=2)
-    check_failures(_scored(8, "..."), RewardConfig(on_error="zero", max_error_frac=1.0), step=2)  # never stops
-
-
-def test_the_last_reward_error_travels_with_its_samples():
-    first, second = _scored(1, "first"), _scored(2, "second")
-    assert ScoredRollouts.concat([first, second]).reward_error == "second"
-    assert ScoredRollouts.concat([second, _scored(0)]).reward_error == "second"
-    assert [g.reward_error for g in ScoredRollouts.concat([first, second]).groups()] == ["second"]
+    cfg, last = RewardConfig(on_error="zero"), "reward function f failed on sample 3: KeyError: 'x'"
+    check_failures(4, 8, last, cfg, step=2)  # half: goes on
+    with pytest.raises(RewardError, match=r"5 of the 8 samples scored for step 2 failed .* reward\.max_error_frac = "
+                                          r"0\.5.* The last failure: reward function f failed on sample 3: KeyError"):
+        check_failures(5, 8, last, cfg, step=2)
+    check_failures(8, 8, last, RewardConfig(on_error="zero", max_error_frac=1.0), step=2)  # 1.0: never stops
 
 
 def test_score_batch_configuration_errors_are_not_per_sample(plugin):

@@ -39,8 +39,9 @@ class Backend(ABC):
     def release(self, placements: dict[str, Placement | None]) -> None: ...
 
     @abstractmethod
-    def task(self, fn: Callable, *args: Any, num_cpus: float) -> Any:
-        """Run the plain function `fn(*args)` as a task; returns its handle."""
+    def task(self, fn: Callable, *args: Any, num_cpus: float, max_retries: int = 0) -> Any:
+        """Run the plain function `fn(*args)` as a task; returns its handle. A task whose process dies (killed,
+        node lost) is run again up to `max_retries` times; an exception that `fn` raises is never retried."""
 
     @abstractmethod
     def get(self, handles: Any) -> Any:
@@ -72,7 +73,7 @@ class LocalBackend(Backend):
     def release(self, placements: dict[str, Placement | None]) -> None:
         pass
 
-    def task(self, fn: Callable, *args: Any, num_cpus: float) -> Done:
+    def task(self, fn: Callable, *args: Any, num_cpus: float, max_retries: int = 0) -> Done:
         try:
             return Done(fn(*args))
         except Exception as err:  # noqa: BLE001 - handed back like a Ray task error, raised by `get`
@@ -146,12 +147,14 @@ class RayBackend(Backend):
 
         release({role: p for role, p in placements.items() if p is not None})
 
-    def task(self, fn: Callable, *args: Any, num_cpus: float) -> Any:
+    def task(self, fn: Callable, *args: Any, num_cpus: float, max_retries: int = 0) -> Any:
         import ray
 
         if fn not in self._remote_fns:
             self._remote_fns[fn] = ray.remote(fn)
-        return self._remote_fns[fn].options(num_cpus=num_cpus, max_retries=0).remote(*args)
+        # Ray retries a task on system failures only (its worker died) unless retry_exceptions is set.
+        return self._remote_fns[fn].options(num_cpus=num_cpus, max_retries=max_retries,
+                                            retry_exceptions=False).remote(*args)
 
     def get(self, handles: Any) -> Any:
         import ray

@@ -51,6 +51,9 @@ class BatchStats:
     """What producing one batch took: figures for the step's metrics row."""
 
     dropped_stale: int = 0
+    scored: int = 0  # samples whose rewards came back, kept or not
+    reward_errors: int = 0  # of them, those whose reward function failed (scored 0 under on_error: zero)
+    last_reward_error: str | None = None
     filtered_groups: int = 0
     kept_groups: int = 0
     cap_reached: int = 0
@@ -59,7 +62,7 @@ class BatchStats:
 
     def metrics(self) -> dict[str, float]:
         seen = self.kept_groups + self.filtered_groups
-        return {"samples/dropped_stale": float(self.dropped_stale),
+        return {"reward/errors": float(self.reward_errors), "samples/dropped_stale": float(self.dropped_stale),
                 "dynamic_sampling/filtered_groups": float(self.filtered_groups),
                 "dynamic_sampling/kept_frac": self.kept_groups / seen if seen else 1.0,
                 "dynamic_sampling/cap_reached": float(self.cap_reached),
@@ -141,7 +144,10 @@ class Producer:
 
     def _on_scored(self, chunk: _Chunk) -> None:
         scores, errors, last = rewards.collect(self.backend, chunk.scoring)
-        for group in ScoredRollouts(chunk.rollouts, scores, errors, last).validate().groups():
+        self.stats.scored += len(scores)
+        self.stats.reward_errors += errors
+        self.stats.last_reward_error = last or self.stats.last_reward_error
+        for group in ScoredRollouts(chunk.rollouts, scores).validate().groups():
             if self._keeps(group):
                 self.ready.append(group)
             else:
@@ -201,9 +207,8 @@ class Producer:
         stats.buffer_depth = len(self.ready)
         stats.rollout_idle = self._idle_fraction()
         self._admit()
-        batch = ScoredRollouts.concat(taken)
-        rewards.check_failures(batch, self.reward, step)
-        return batch, stats
+        rewards.check_failures(stats.reward_errors, stats.scored, stats.last_reward_error, self.reward, step)
+        return ScoredRollouts.concat(taken), stats
 
     def _drop_stale(self, step: int) -> None:
         fresh = [g for g in self.ready if step - 1 - min(g.rollouts.policy_version) <= self.k]

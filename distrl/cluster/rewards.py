@@ -7,7 +7,6 @@ from typing import Any
 
 from distrl.cluster.backend import Backend
 from distrl.config import RewardConfig
-from distrl.types import ScoredRollouts
 from distrl.workers.rewards import RewardError, score_batch
 
 Item = tuple[str, str, dict]
@@ -18,7 +17,7 @@ def submit(backend: Backend, cfg: RewardConfig, items: list[Item], first_index: 
     """Start scoring `items` (rows `first_index`... of the step's batch, for error messages) in tasks of
     `cfg.batch_per_task` samples; returns their handles in order."""
     return [backend.task(score_batch, cfg.function, items[i : i + cfg.batch_per_task], cfg.on_error,
-                         first_index + i, num_cpus=cfg.num_cpus)
+                         first_index + i, num_cpus=cfg.num_cpus, max_retries=cfg.max_retries)
             for i in range(0, len(items), cfg.batch_per_task)]
 
 
@@ -49,12 +48,12 @@ def collect(backend: Backend, handles: list[Any]) -> tuple[list[float], int, str
     raise failure
 
 
-def check_failures(scored: ScoredRollouts, cfg: RewardConfig, step: int) -> None:
-    """Stop the run when more than `cfg.max_error_frac` of step `step`'s samples failed in the reward function
-    (`on_error: zero` scored them 0): raises RewardError with the last failure."""
-    if scored.reward_errors > cfg.max_error_frac * len(scored):
+def check_failures(failed: int, scored: int, last: str | None, cfg: RewardConfig, step: int) -> None:
+    """Stop the run when more than `cfg.max_error_frac` of the `scored` samples scored for step `step` (kept,
+    filtered or dropped as stale alike) failed in the reward function (`on_error: zero` scored `failed` of them 0):
+    raises RewardError with the last failure, `last`."""
+    if failed > cfg.max_error_frac * scored:
         raise RewardError(
-            f"{scored.reward_errors} of the {len(scored)} samples of step {step} failed in the reward function and "
-            f"were scored 0 (reward.on_error: zero), more than reward.max_error_frac = {cfg.max_error_frac}: the "
-            f"function looks broken, so the run stops rather than train on zeros. The last failure: "
-            f"{scored.reward_error}")
+            f"{failed} of the {scored} samples scored for step {step} failed in the reward function and were scored "
+            f"0 (reward.on_error: zero), more than reward.max_error_frac = {cfg.max_error_frac}: the function looks "
+            f"broken, so the run stops rather than train on zeros. The last failure: {last}")

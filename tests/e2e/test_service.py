@@ -150,12 +150,28 @@ class TestTwoRolloutActorsTwoLearners:
 
         # on_error zero scores failures 0, but a step in which most samples fail stops the run with the last error.
         zero = reward.model_copy(update={"on_error": "zero"})
-        with pytest.raises(RewardError, match=r"samples of step 1 failed .* The last failure: reward function "
+        with pytest.raises(RewardError, match=r"samples scored for step 1 failed .* The last failure: reward function "
                                               r"tests\.e2e\.faulty_rewards:always_raises failed on sample"):
             generate_and_score(roles, prompts[:2], zero)
         tolerant = zero.model_copy(update={"max_error_frac": 1.0})
         scored = generate_and_score(roles, prompts[:2], tolerant)
-        assert scored.rewards == [0.0] * len(scored) and scored.reward_errors == len(scored)
+        assert scored.rewards == [0.0] * len(scored)
+
+
+    def test_a_reward_task_whose_worker_dies_is_retried(self, two_by_two, tmp_path):
+        cfg, roles = two_by_two
+        prompts, _ = load_prompts(cfg.data, load_tokenizer(cfg.model))
+        reward = cfg.reward.model_copy(update={"function": "tests.e2e.faulty_rewards:dies_once"})
+
+        def marked(name: str) -> list:
+            return [replace(p, sample={**p.sample, "marker": str(tmp_path / name)}) for p in prompts[:2]]
+
+        # The reward task's process exits on its first call: without retries the step fails with Ray's error.
+        with pytest.raises(ray.exceptions.WorkerCrashedError):
+            generate_and_score(roles, marked("no-retry"), reward.model_copy(update={"max_retries": 0}))
+        scored = generate_and_score(roles, marked("retried"), reward)  # max_retries 3 by default
+        assert (tmp_path / "retried").exists()  # it did die once
+        assert scored.rewards == [1.0] * len(scored)  # every sample scored, none as a failure
 
 
 # 1 rollout actor x 1 learner is the quickstart (test_quickstart.py). Each topology also runs other options end
