@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,15 @@ def path_for(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"{PREFIX}{step:06d}"
 
 
+def step_of(path: Path) -> int:
+    return int(path.name[len(PREFIX):])
+
+
 def all_checkpoints(run_dir: Path) -> list[Path]:
-    """The run's checkpoint directories, oldest first (temporary directories of an interrupted save excluded)."""
-    return sorted(p for p in (run_dir / "checkpoints").glob(f"{PREFIX}*") if p.name[len(PREFIX):].isdigit())
+    """The run's checkpoint directories by step, oldest first (a step past 999999 has more digits; temporary
+    directories of an interrupted save and damaged ones set aside are excluded)."""
+    found = [p for p in (run_dir / "checkpoints").glob(f"{PREFIX}*") if p.name[len(PREFIX):].isdigit()]
+    return sorted(found, key=step_of)
 
 
 def latest(run_dir: Path) -> Path | None:
@@ -67,8 +74,11 @@ def resume_point(run_dir: Path) -> tuple[Path | None, list[str]]:
     run's own save of that step."""
     found, refused = newest_usable(run_dir)
     for path in all_checkpoints(run_dir):
-        if found is None or path.name > found.name:
-            path.rename(path.with_name(path.name + ".damaged"))
+        if found is None or step_of(path) > step_of(found):
+            aside = path.with_name(f"{path.name}.damaged")
+            if aside.exists():  # the same step was set aside before
+                aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+            path.rename(aside)
     return found, refused
 
 

@@ -8,6 +8,7 @@ config and tokenizer with transformers when there is a model to check; it never 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -58,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         except Stopped as stopped:  # the first SIGINT / SIGTERM: the step in progress finished and was saved
             print(f"distrl: {stopped}", file=sys.stderr)
             return stopped.exit_code
-        except KeyboardInterrupt:  # a second one: stopped at once, after the same clean-up
+        except KeyboardInterrupt as err:  # a second one (StopNow) or one before the handlers: at once, cleaned up
             print(f"distrl: stopped at once; every actor was released. {_resume_hint(cfg)}", file=sys.stderr)
-            return 130
+            return getattr(err, "exit_code", 128 + signal.SIGINT)
     except (config.ConfigError, preflight.PreflightError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 def _resume_hint(cfg: config.Config) -> str:
     from distrl import checkpoint
 
-    found = checkpoint.latest(Path(cfg.run.output_dir) / cfg.run.name)
+    found, _ = checkpoint.newest_usable(Path(cfg.run.output_dir) / cfg.run.name, checksums=False)
     return (f"The newest checkpoint is {found}: continue with --set run.resume=true" if found else
             "The run has no checkpoint to resume from (set run.checkpoint_every to keep some)")
 

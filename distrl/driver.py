@@ -62,6 +62,7 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
         preflight.check(cfg)  # model, data, reward and run directory, before Ray or any actor starts
     with ExitStack() as cleanup:
         run = cleanup.enter_context(closing(RunDir(cfg)))
+        stop = cleanup.enter_context(StopOnSignal())  # left after the cluster is shut down (entered before it)
         found = resume_point(run) if cfg.run.resume else None
         done = checkpoint.driver_state(found) if found else {"step": 0}
         if done["step"] >= cfg.run.steps:
@@ -71,6 +72,8 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
         with startup("cluster"):
             backend = connect(cfg.cluster)
             cleanup.callback(backend.close)
+        stop.take_back()  # ray.init installed its own SIGTERM handler
+        stop.check("the cluster's start")
         print(backend.description)
         with startup("data"):
             tokenizer = load_tokenizer(cfg.model)
@@ -80,6 +83,7 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
             roles = cleanup.enter_context(started_roles(cfg, backend, done["step"] + 1, rollout_worker))
             restore(found, done, run, roles, stream)
             roles.sync.push(version=done["step"])
+        stop.check("the actors' start")
         times = startup.pop()
         print(f"started in {sum(times.values()):.1f} s: "
               + ", ".join(f"{k.removeprefix('time/')} {v:.1f} s" for k, v in times.items()))
@@ -88,7 +92,6 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
                             dynamic_sampling=cfg.rollout.dynamic_sampling, version=done["step"])
         job = Job(cfg, roles, producer, stream, run, tokenizer.pad_token_id, data_stats, last_step=done["step"],
                   checkpointed=done["step"])
-        stop = cleanup.enter_context(StopOnSignal())  # after Ray's own SIGTERM handler, which it replaces
         steps = stop.steps(run.progress(range(done["step"] + 1, cfg.run.steps + 1)))
         if cfg.max_staleness == 0:
             train_sync(job, steps)
@@ -99,7 +102,7 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
         if stop.signal is not None and job.checkpointed < job.last_step:
             save_checkpoint(job)
     run.summary(job.history)  # after the actors are gone, so their last log lines do not trail it
-    if stop.signal is not None:
+    if stop.signal is not None and job.last_step < cfg.run.steps:  # a signal during the last step: it finished
         kept = (f"{run.path} holds a checkpoint of step {job.checkpointed}: continue with --set run.resume=true"
                 if job.checkpointed else "no step had finished, so there is nothing to resume")
         raise Stopped(stop.signal_name, 128 + stop.signal, f"stopped by {stop.signal_name} after step "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from distrl import checkpoint
 from distrl.config import Config, DataConfig, RewardConfig, RunConfig
 from distrl.data import DataError, check_rows
 from distrl.run_dir import reuse_problem
@@ -215,12 +214,7 @@ def _run_dir(run: RunConfig, problems: list[str]) -> None:
         return
     problem = reuse_problem(path, run)
     if problem:
-        problems.append(f"run.name: {problem}")
-    if run.resume and path.is_dir():
-        # Sizes only: the driver reads the checksums when it picks the checkpoint, and names a newer one it refuses.
-        found, refused = checkpoint.newest_usable(path, checksums=False)
-        if found is None and refused:
-            problems.append(f"run.resume: no usable checkpoint; the newest: {refused[0]}")
+        problems.append(problem)
 
 
 def _relative_note(path: str) -> str:

@@ -55,11 +55,26 @@ def holds_run(path: Path) -> bool:
 
 
 def reuse_problem(path: Path, run: RunConfig) -> str | None:
-    """Why a run with settings `run` may not start in run directory `path`, or None: one that already holds a run
-    needs `run.resume` or `run.overwrite`."""
-    if holds_run(path) and not (run.resume or run.overwrite):
-        return (f"{path} already holds a run: set run.resume=true to continue it, run.overwrite=true to replace it, "
-                f"or choose another run.name")
+    """Why a run with settings `run` may not start in run directory `path` (a line that starts with the field to
+    change), or None: one that already holds a run needs `run.resume` or `run.overwrite`, and `run.resume` alone
+    needs a usable checkpoint there (files and sizes checked; the driver reads the checksums), since starting at
+    step 1 would mix two runs' files."""
+    if not holds_run(path):
+        return None
+    if not (run.resume or run.overwrite):
+        return (f"run.name: {path} already holds a run: set run.resume=true to continue it, run.overwrite=true to "
+                f"replace it, or choose another run.name")
+    if run.resume and not run.overwrite:
+        found, refused = checkpoint.newest_usable(path, checksums=False)
+        if found is None:
+            if refused:
+                why = f"; the newest: {refused[0]}"
+            elif any((path / "checkpoints").glob(f"{checkpoint.PREFIX}*.damaged*")):
+                why = "; only checkpoints set aside as damaged"
+            else:
+                why = " (set run.checkpoint_every to keep some)"
+            return (f"run.resume: {path} holds a run but no usable checkpoint to continue it from{why}. Set "
+                    f"run.overwrite=true (and run.resume=false) to start it afresh")
     return None
 
 
@@ -91,8 +106,8 @@ class RunDir:
         problem = reuse_problem(self.path, self.cfg.run)
         if problem:
             raise FileExistsError(problem)
-        # With run.resume too, a directory that holds a checkpoint is continued, not replaced (see RunConfig).
-        resuming = self.cfg.run.resume and checkpoint.latest(self.path) is not None
+        # With run.resume too, a directory that holds a usable checkpoint is continued, not replaced (RunConfig).
+        resuming = self.cfg.run.resume and checkpoint.newest_usable(self.path, checksums=False)[0] is not None
         if self.cfg.run.overwrite and holds_run(self.path) and not resuming:
             for name in OWN:
                 _remove(self.path / name)

@@ -130,3 +130,20 @@ def test_prune_keeps_the_newest_k_and_clears_interrupted_saves(tmp_path):
     assert [p.name for p in deleted] == ["step_000001", "step_000004.tmp"]
     assert checkpoint.all_checkpoints(tmp_path) == [path_for(tmp_path, 2), path_for(tmp_path, 3)]
     assert checkpoint.prune(tmp_path, keep=None) == []
+
+
+def test_checkpoints_are_ordered_by_step_not_by_name(tmp_path):
+    saved(tmp_path, 999_999)
+    saved(tmp_path, 1_000_000)  # step_1000000 sorts before step_999999 as text
+    assert checkpoint.latest(tmp_path) == path_for(tmp_path, 1_000_000)
+    assert checkpoint.prune(tmp_path, keep=1) == [path_for(tmp_path, 999_999)]
+
+
+def test_a_step_damaged_twice_is_set_aside_twice(tmp_path):
+    saved(tmp_path, 1)
+    for _ in range(2):
+        saved(tmp_path, 2)
+        _flip_a_byte(path_for(tmp_path, 2))
+        assert checkpoint.resume_point(tmp_path)[0] == path_for(tmp_path, 1)
+    aside = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if "damaged" in p.name)
+    assert len(aside) == 2 and aside[0] == "step_000002.damaged"

@@ -81,7 +81,7 @@ def _pickled_checkpoint(tmp_path: Path) -> dict:
 
 def _half_written_checkpoint(tmp_path: Path) -> dict:
     (tmp_path / "runs" / "r" / "checkpoints" / "step_000003" / "model").mkdir(parents=True)
-    return {"run": {"resume": True, "overwrite": True}}  # overwrite does not replace a run that resume continues
+    return {"run": {"resume": True}}
 
 
 CASES = [
@@ -113,10 +113,13 @@ CASES = [
     ("run dir holds a run", lambda t, m: _used_run_dir(t),
      r"^run\.name: .*/runs/r already holds a run: set run\.resume=true .* run\.overwrite=true"),
     ("resume from a pickled checkpoint", lambda t, m: _pickled_checkpoint(t),
-     r"^run\.resume: no usable checkpoint; the newest: checkpoint .*step_000002 holds learner_state\.pt, a pickle"),
+     r"^run\.resume: .*/runs/r holds a run but no usable checkpoint to continue it from; the newest: checkpoint "
+     r".*step_000002 holds learner_state\.pt, a pickle"),
     ("resume from a half-written checkpoint", lambda t, m: _half_written_checkpoint(t),
-     r"^run\.resume: no usable checkpoint; the newest: checkpoint .*step_000003: has no manifest\.json: it was not "
-     r"completely written"),
+     r"^run\.resume: .* no usable checkpoint to continue it from; the newest: checkpoint .*step_000003: has no "
+     r"manifest\.json: it was not completely written"),
+    ("resume a run that has no checkpoint", lambda t, m: {**_used_run_dir(t), "run": {"resume": True}},
+     r"^run\.resume: .*/runs/r holds a run but no usable checkpoint to continue it from \(set run\.checkpoint_every"),
 ]
 
 

@@ -15,6 +15,7 @@ from distrl.cluster.roles import actor_env, engine_seed, role_threads
 from distrl.run_dir import RunDir
 from distrl.types import Prompt, Rollouts, ScoredRollouts
 from distrl.workers.learner import merge_metrics
+from tests.test_checkpoint import saved
 
 
 def cfg(tmp_path, *overrides):
@@ -75,6 +76,7 @@ def test_overwrite_removes_a_linked_checkpoint_directory_but_not_what_it_points_
 
 def test_resume_forgets_steps_after_the_checkpoint(tmp_path):
     run = used_run(tmp_path, steps=3)
+    saved(run.path, 1)
     resumed = RunDir(cfg(tmp_path, ("resume", True)))
     resumed.forget_after(1)
     resumed.log(2, row(9.0))
@@ -88,7 +90,7 @@ def test_resume_with_overwrite_continues_a_checkpointed_run_and_replaces_one_wit
     # The quickstart sets overwrite; `--set run.resume=true` must continue it, not delete what it would resume.
     run = used_run(tmp_path)
     if with_checkpoint:
-        (run.path / "checkpoints" / "step_000003").mkdir(parents=True)
+        saved(run.path, 3)
     RunDir(cfg(tmp_path, ("overwrite", True), ("resume", True))).close()
     assert (run.path / "metrics.jsonl").is_file() == with_checkpoint
     assert (run.path / "checkpoints").is_dir() == with_checkpoint
@@ -102,6 +104,18 @@ def test_metrics_rows_keep_non_finite_figures_and_null_for_the_unmeasured(tmp_pa
     assert '"loss/policy": NaN' in line and '"learner/grad_norm": Infinity' in line and '"kl/ref": null' in line
     back = json.loads(line)  # Python's json (and pandas) read them back as floats
     assert math.isnan(back["loss/policy"]) and back["learner/grad_norm"] == math.inf and back["kl/ref"] is None
+
+
+def test_resume_of_a_run_without_a_usable_checkpoint_is_refused_rather_than_restarted(tmp_path):
+    # Starting at step 1 would truncate metrics.jsonl and mix two runs' TensorBoard events.
+    run = used_run(tmp_path)
+    with pytest.raises(FileExistsError, match=r"run\.resume: .* holds a run but no usable checkpoint .* Set "
+                                              r"run\.overwrite=true \(and run\.resume=false\)"):
+        RunDir(cfg(tmp_path, ("resume", True)))
+    (run.path / "checkpoints" / "step_000002.damaged").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="only checkpoints set aside as damaged"):
+        RunDir(cfg(tmp_path, ("resume", True)))
+    assert (run.path / "metrics.jsonl").read_text().count("\n") == 3  # untouched
 
 
 def test_merge_metrics_keeps_min_and_max_and_weights_means_by_tokens():

@@ -89,10 +89,30 @@ def test_a_second_signal_stops_at_once_and_leaves_only_finished_steps(tmp_path, 
     proc.wait(timeout=60)
     reader.join(timeout=10)
     err = "".join(lines)
-    assert proc.returncode != 0 and "KeyboardInterrupt: SIGINT received twice: stopping at once" in err, err
+    assert proc.returncode != 0 and "StopNow: SIGINT received twice: stopping at once" in err, err
     steps = [r["step"] for r in rows(tmp_path)]
     assert steps == list(range(1, steps[-1] + 1))
     # An interrupted save leaves at most a .tmp directory, which resume ignores: the newest checkpoint is complete.
     found = checkpoint.latest(tmp_path / "quickstart")
     assert found is not None and checkpoint.problem(found) is None
     assert checkpoint.driver_state(found)["step"] <= steps[-1]
+
+
+def test_a_signal_during_start_up_stops_before_any_step_and_leaves_nothing(tmp_path, tiny_model_dir):
+    proc = start(tmp_path, tiny_model_dir)
+    config_yaml = tmp_path / "quickstart" / "config.yaml"  # written once the run directory is claimed
+    assert wait_until_exists(config_yaml, proc), proc.communicate()[1]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM during the" in err and "before any step of this run" in err
+    assert not (tmp_path / "quickstart").exists()  # a run that logged no step leaves no run directory
+
+
+def wait_until_exists(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
