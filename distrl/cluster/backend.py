@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from distrl.cluster import reaper
-from distrl.cluster.group import ActorGroup, Done, LocalGroup, Placement, RayGroup
+from distrl.cluster.group import ActorGroup, ActorLost, Done, LocalGroup, Placement, RayGroup
 from distrl.config import ClusterConfig, RoleResources
 
 Init = Callable[[int], tuple[tuple, dict]]
@@ -52,6 +52,10 @@ class Backend(ABC):
         """(handles that are done, the others) once at least one is done or `timeout` seconds have passed."""
 
     @abstractmethod
+    def lost(self, error: BaseException) -> bool:
+        """Whether `error`, raised by `get`, means the worker's process is gone (rather than that the call raised)."""
+
+    @abstractmethod
     def close(self) -> None:
         """Release what the backend itself started."""
 
@@ -61,11 +65,11 @@ class LocalBackend(Backend):
 
     def group(self, worker: type, role: str, resources: RoleResources, placement: Placement | None, *,
               run_name: str, init: Init, env: dict[str, str]) -> ActorGroup:
-        workers = []
-        for i in range(resources.num_actors):
+        def make(i: int, incarnation: int) -> Any:
             args, kwargs = init(i)
-            workers.append(worker(*args, **kwargs))
-        return LocalGroup(role, self, workers)
+            return worker(*args, **kwargs)
+
+        return LocalGroup(role, self, make, resources.num_actors)
 
     def place(self, roles: dict[str, RoleResources], colocate: bool, run_name: str) -> dict[str, Placement | None]:
         return dict.fromkeys(roles)
@@ -88,6 +92,9 @@ class LocalBackend(Backend):
 
     def wait(self, handles: Sequence[Any], timeout: float | None = None) -> tuple[list[Any], list[Any]]:
         return list(handles), []
+
+    def lost(self, error: BaseException) -> bool:
+        return isinstance(error, ActorLost)
 
     def close(self) -> None:
         pass  # nothing was started
@@ -122,11 +129,13 @@ class RayBackend(Backend):
 
         assert placement is not None, "RayBackend.group needs the role's placement (RayBackend.place)"
         remote_cls: Any = ray.remote(worker)
-        actors = []
-        for i in range(resources.num_actors):
+
+        def make(i: int, incarnation: int) -> Any:
             args, kwargs = init(i)
-            actors.append(remote_cls.options(
-                name=f"distrl/{run_name}/{role}-{i}",
+            # A replacement gets a name of its own: the dead actor's may not be released yet.
+            suffix = f".{incarnation}" if incarnation else ""
+            return remote_cls.options(
+                name=f"distrl/{run_name}/{role}-{i}{suffix}",
                 num_cpus=resources.num_cpus,
                 num_gpus=resources.num_gpus,
                 runtime_env={"env_vars": env},
@@ -134,8 +143,9 @@ class RayBackend(Backend):
                     placement_group=placement.group, placement_group_bundle_index=placement.bundle_indices[i]),
                 # One call at a time, in submission order: a weight push queues behind an in-flight generate.
                 max_concurrency=1,
-            ).remote(*args, **kwargs))
-        return RayGroup(role, self, actors)
+            ).remote(*args, **kwargs)
+
+        return RayGroup(role, self, make, resources.num_actors)
 
     def place(self, roles: dict[str, RoleResources], colocate: bool, run_name: str) -> dict[str, Placement | None]:
         from distrl.cluster.placement import place
@@ -165,6 +175,13 @@ class RayBackend(Backend):
         import ray
 
         return ray.wait(list(handles), num_returns=1, timeout=timeout)
+
+    def lost(self, error: BaseException) -> bool:
+        from ray.exceptions import RayActorError
+
+        # RayActorError: the actor died (ActorDiedError) or cannot be reached (ActorUnavailableError); an exception
+        # raised by the method itself arrives as RayTaskError instead.
+        return isinstance(error, RayActorError | ActorLost)
 
     def close(self) -> None:
         import ray

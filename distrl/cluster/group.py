@@ -6,6 +6,10 @@
 - `LocalGroup`: N worker instances in the driver's process. A call runs at once and returns a resolved `Done`
   handle, so the driver's loop runs unchanged, in seconds, under a debugger.
 
+A worker can be replaced (`restart(i)`): the old one is ended and a new one built the way the first was, on the same
+placement bundle. Each replacement bumps the worker's incarnation, so a failure reported for an older incarnation is
+recognised as already dealt with.
+
 Calls name the worker's method object (`group.map(ReferenceWorker.logprobs, shards)`), never a string, so renaming
 a method is a refactor, not a runtime error. Handles are resolved by the group's `Backend` (`get`, `wait`).
 """
@@ -23,6 +27,14 @@ if TYPE_CHECKING:
     from distrl.cluster.backend import Backend
 
 W = TypeVar("W")
+
+Make = Callable[[int, int], Any]
+"""`make(i, incarnation)` starts worker i (a Ray actor handle, or a worker instance) and returns it."""
+
+
+class ActorLost(RuntimeError):
+    """A worker's process is gone (killed, out of memory, its node lost); Ray reports it as `RayActorError`. Fakes
+    in tests raise it to stand for that."""
 
 
 @dataclass
@@ -51,12 +63,35 @@ def method_name(method: Callable) -> str:
 class ActorGroup(ABC, Generic[W]):
     """A role's workers. Calls return handles (Ray ObjectRefs or `Done`); the driver decides when to wait."""
 
-    def __init__(self, role: str, backend: Backend):
+    def __init__(self, role: str, backend: Backend, make: Make, size: int):
         self.role = role
         self.backend = backend
+        self._make = make
+        self.incarnations = [0] * size
+        self.workers: list[Any] = [make(i, 0) for i in range(size)]
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def name(self, index: int) -> str:
+        """How logs and errors name worker `index`: its role, index and, once replaced, incarnation."""
+        return f"{self.role}-{index}" + (f" (replacement {self.incarnations[index]})" if self.incarnations[index]
+                                         else "")
+
+    def restart(self, index: int) -> None:
+        """End worker `index` (if anything is left of it) and start a new one in its place, built as the first was.
+        Returns at once; calls to the new worker wait until it is ready."""
+        self._end(self.workers[index])
+        self.incarnations[index] += 1
+        self.workers[index] = self._make(index, self.incarnations[index])
 
     @abstractmethod
-    def __len__(self) -> int: ...
+    def _end(self, worker: Any) -> None:
+        """End one worker now, without waiting for its calls in flight."""
+
+    @abstractmethod
+    def dead(self) -> list[int]:
+        """The workers whose process is gone. A worker still busy with a call counts as alive."""
 
     @abstractmethod
     def call(self, index: int, method: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -78,40 +113,44 @@ class ActorGroup(ABC, Generic[W]):
 
 
 class RayGroup(ActorGroup[W]):
-    def __init__(self, role: str, backend: Backend, actors: list[Any]):
-        super().__init__(role, backend)
-        self.actors = actors
-
-    def __len__(self) -> int:
-        return len(self.actors)
-
     def call(self, index: int, method: Callable, *args: Any, **kwargs: Any) -> Any:
         # Top-level ObjectRef arguments are resolved by Ray before the call runs.
-        return getattr(self.actors[index], method_name(method)).remote(*args, **kwargs)
+        return getattr(self.workers[index], method_name(method)).remote(*args, **kwargs)
 
     def node_ip(self, index: int) -> str:
         """IP address of the node actor `index` runs on."""
         import ray
 
-        return ray.get(self.actors[index].__ray_call__.remote(lambda _: ray.util.get_node_ip_address()))
+        return ray.get(self.workers[index].__ray_call__.remote(lambda _: ray.util.get_node_ip_address()))
 
     def kill(self) -> None:
         # Without waiting: a learner blocked in a collective whose peer died would otherwise hold teardown until
         # the collective times out.
+        for actor in self.workers:
+            self._end(actor)
+
+    def _end(self, worker: Any) -> None:
         import ray
 
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
+        ray.kill(worker, no_restart=True)  # a no-op for an actor that is already dead
+
+    def dead(self, timeout: float = 10.0) -> list[int]:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        pings = [worker.__ray_ready__.remote() for worker in self.workers]
+        gone = []
+        for i, ping in enumerate(pings):
+            try:
+                ray.get(ping, timeout=timeout)
+            except RayActorError:  # a dead actor answers at once
+                gone.append(i)
+            except GetTimeoutError:
+                pass  # queued behind a call (one at a time): alive
+        return gone
 
 
 class LocalGroup(ActorGroup[W]):
-    def __init__(self, role: str, backend: Backend, workers: list[W]):
-        super().__init__(role, backend)
-        self.workers = workers
-
-    def __len__(self) -> int:
-        return len(self.workers)
-
     def call(self, index: int, method: Callable, *args: Any, **kwargs: Any) -> Done:
         try:
             args = tuple(self.backend.get(a) if isinstance(a, Done) else a for a in args)
@@ -121,3 +160,9 @@ class LocalGroup(ActorGroup[W]):
 
     def kill(self) -> None:
         self.workers.clear()
+
+    def _end(self, worker: Any) -> None:
+        pass  # an instance in this process: dropping it is all there is
+
+    def dead(self) -> list[int]:
+        return []  # in this process: a worker that "dies" (a test's fake) raises ActorLost from its call

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,6 +25,8 @@ from distrl.workers.rollout import RolloutWorker
 class SyncStats:
     seconds: float
     bytes: int
+    lost: dict[int, tuple[int, BaseException]] = field(default_factory=dict)
+    """Engines that died before loading the weights: index -> (the incarnation pushed to, the error)."""
 
     @property
     def bytes_per_s(self) -> float:
@@ -38,6 +40,7 @@ class PendingSync:
     version: int
     handles: list[Any]
     started: float
+    incarnations: list[int]  # of the engines pushed to
 
 
 class WeightSync(ABC):
@@ -58,14 +61,32 @@ class WeightSync(ABC):
         return self.finish(self.start(version))
 
     def start(self, version: int) -> PendingSync:
-        return PendingSync(version, self._transfer(version), time.perf_counter())
+        return PendingSync(version, self._transfer(version), time.perf_counter(), list(self.rollouts.incarnations))
 
     def finish(self, pending: PendingSync) -> SyncStats:
-        """Wait until every engine serves `pending.version`; the stats time the push from its start."""
-        versions = self.backend.get(pending.handles)
-        if set(versions) != {pending.version}:
-            raise RuntimeError(f"weight sync: rollout actors report versions {versions}, expected {pending.version}")
-        return SyncStats(time.perf_counter() - pending.started, self.total_bytes)
+        """Wait until every engine serves `pending.version`; the stats time the push from its start. An engine that
+        died is not an error here: it is listed in `SyncStats.lost`, for the producer to replace."""
+        lost: dict[int, tuple[int, BaseException]] = {}
+        for i, handle in enumerate(pending.handles):
+            try:
+                version = self.backend.get(handle)
+            except Exception as err:
+                if not self.backend.lost(err):
+                    raise
+                lost[i] = (pending.incarnations[i], err)
+                continue
+            if version != pending.version:
+                raise RuntimeError(f"weight sync: {self.rollouts.name(i)} reports version {version}, expected "
+                                   f"{pending.version}")
+        return SyncStats(time.perf_counter() - pending.started, self.total_bytes, lost)
+
+    def push_one(self, index: int) -> Any:
+        """Load learner 0's current weights into rollout actor `index` alone (a replacement); returns a handle that
+        resolves to the version it then serves. The version is learner 0's own count of updates, asked in the same
+        queue as the weights, so it names exactly the weights sent even while an update is in flight."""
+        version = self.learners.call(0, Learner.weights_version)
+        buckets = [self.learners.call(0, Learner.weight_bucket, spec, self.dtype) for spec in self.specs]
+        return self.rollouts.call(index, RolloutWorker.load_weights, version, *buckets)
 
     @abstractmethod
     def _transfer(self, version: int) -> list[Any]:
@@ -91,6 +112,11 @@ class NcclSync(WeightSync):
         self.backend.get([learners.call(0, Learner.nccl_connect, host, port, world),
                  *[rollouts.call(i, RolloutWorker.nccl_connect, host, port, i + 1, world)
                    for i in range(len(rollouts))]])
+
+    def push_one(self, index: int) -> Any:
+        raise RuntimeError(f"{self.rollouts.name(index)} died, and a new engine cannot join the NCCL weight-sync "
+                           f"group of the running ones: in-job recovery needs cluster.weight_sync=object_store "
+                           f"(resume the run from its newest checkpoint with --set run.resume=true)")
 
     def _transfer(self, version: int) -> list[Any]:
         sent = self.learners.call(0, Learner.nccl_send, self.specs, self.dtype)

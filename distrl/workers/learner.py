@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
@@ -79,6 +80,7 @@ class Learner:
         self.skipped_steps = 0
         self._consecutive_nonfinite = 0
         self._proximal: list[torch.Tensor] = []  # see proximal_logprobs
+        self.updates = 0  # the policy version of these weights: updates applied since step 0
 
     # ------------------------------------------------------------------------------------------ data parallelism
     def connect(self, master_addr: str, master_port: int, rank: int, world_size: int) -> str:
@@ -122,7 +124,12 @@ class Learner:
         metrics.update({"learner/lr": self.scheduler.get_last_lr()[0], "learner/skipped_steps": self.skipped_steps,
                         "learner/optimizer_steps": self.optimizer_steps,
                         "learner/tokens": float(batch.response_mask.sum())})
+        self.updates += 1
         return metrics
+
+    def weights_version(self) -> int:
+        """The policy version of the weights held now (what `weight_bucket` called next sends)."""
+        return self.updates
 
     def _optimizer_step(self, mini: TrainBatch) -> dict[str, float]:
         mask = mini.response_mask
@@ -252,3 +259,4 @@ class Learner:
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps, self.skipped_steps = state["optimizer_steps"], state["skipped_steps"]
         self._consecutive_nonfinite = state["consecutive_nonfinite"]
+        self.updates = checkpoint.driver_state(Path(directory))["step"]
