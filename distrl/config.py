@@ -312,6 +312,19 @@ class RoleResources(Section):
     every core (shared among the actors that run at the same time; see `distrl.cluster.roles.role_threads`)."""
 
 
+class RecoveryConfig(Section):
+    max_restarts: int = Field(default=3, ge=0)
+    """Times one rollout actor may be replaced within `window_s` when it dies (process killed, node lost): its
+    prompts are re-dispatched and the new actor serves the current weights before it takes any. One more death in
+    the window ends the run, naming the actor and its last error. 0: a dead rollout actor ends the run."""
+    window_s: float = Field(default=3600.0, gt=0.0)
+    """Seconds over which `max_restarts` is counted."""
+    max_recoveries: int = Field(default=2, ge=0)
+    """Times the run may recover from its newest checkpoint when a learner or reference actor dies (every role is
+    started again; the steps after the checkpoint are redone). Needs checkpoints (`run.checkpoint_every`);
+    0: such a death ends the run."""
+
+
 class ClusterConfig(Section):
     backend: Literal["ray", "local"] = "ray"
     """`ray`: every role in Ray actors. `local`: every role as a plain object in the driver's process (one
@@ -338,6 +351,9 @@ class ClusterConfig(Section):
     """Weights travel in buckets of about this many bytes."""
     actor_env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for every actor."""
+    recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
+    """What the run does when an actor dies: rollout actors are replaced, learners and reference recovered from a
+    checkpoint."""
 
 
 # ------------------------------------------------------------------------------------------------------------ loop

@@ -19,7 +19,7 @@ import torch
 from distrl import checkpoint, preflight
 from distrl.algo import metrics_by_staleness
 from distrl.batching import advantages, pad
-from distrl.cluster.backend import connect
+from distrl.cluster.backend import Backend, connect
 from distrl.cluster.producer import BatchStats, Producer, staleness_metrics
 from distrl.cluster.roles import Roles, started_roles
 from distrl.cluster.weight_sync import SyncStats
@@ -37,26 +37,33 @@ from distrl.workers.rollout import RolloutWorker
 
 @dataclass
 class Job:
-    """What both loops work with: the config, the started roles, the producer, the run directory."""
+    """What both loops work with: the config, the run directory, the prompt stream and what the run has logged,
+    which last for the whole run, and the roles and producer, which are started anew when the run recovers from a
+    checkpoint."""
 
     cfg: Config
-    roles: Roles
-    producer: Producer
     stream: PromptStream
     run: RunDir
     pad_id: int
     data_stats: Any
+    roles: Roles = field(init=False)
+    producer: Producer = field(init=False)
     timer: PhaseTimer = field(default_factory=PhaseTimer)
     history: list[dict] = field(default_factory=list)
     learner_clock: BusyClock = field(default_factory=BusyClock)
     reference_clock: BusyClock = field(default_factory=BusyClock)
     last_step: int = 0  # the newest step whose row is written
     checkpointed: int = 0  # the newest step checkpointed in this run
+    recoveries: int = 0  # from a checkpoint, in this run
+    recovered: int = 0  # of them, those not yet reported in a row
 
 
 def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
     """Run `cfg.run.steps` steps; returns every step's metrics (also in RUN_DIR/metrics.jsonl). `rollout_worker`
-    is the engine class (vLLM's `RolloutWorker`; tests of the loop pass one that samples with HF)."""
+    is the engine class (vLLM's `RolloutWorker`; tests of the loop pass one that samples with HF).
+
+    A learner or reference actor that dies after the run's first step is recovered from: every role is started
+    again and the run continues from its newest checkpoint, at most `cluster.recovery.max_recoveries` times."""
     startup = PhaseTimer()
     with startup("preflight"):
         preflight.check(cfg)  # model, data, reward and run directory, before Ray or any actor starts
@@ -64,9 +71,9 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
         run = cleanup.enter_context(closing(RunDir(cfg)))
         stop = cleanup.enter_context(StopOnSignal())  # left after the cluster is shut down (entered before it)
         found = resume_point(run) if cfg.run.resume else None
-        done = checkpoint.driver_state(found) if found else {"step": 0}
-        if done["step"] >= cfg.run.steps:
-            print(f"{run.path} is complete at step {done['step']} (run.steps = {cfg.run.steps}): nothing to train; "
+        done = checkpoint.driver_state(found)["step"] if found else 0
+        if done >= cfg.run.steps:
+            print(f"{run.path} is complete at step {done} (run.steps = {cfg.run.steps}): nothing to train; "
                   f"raise run.steps to continue it")
             return []
         with startup("cluster"):
@@ -79,28 +86,15 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
             tokenizer = load_tokenizer(cfg.model)
             prompts, data_stats = load_prompts(cfg.data, tokenizer)
             stream = PromptStream(prompts, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-        with startup("actors"):  # until every engine serves the first weights
-            roles = cleanup.enter_context(started_roles(cfg, backend, done["step"] + 1, rollout_worker))
-            restore(found, done, run, roles, stream)
-            roles.sync.push(version=done["step"])
-        stop.check("the actors' start")
-        times = startup.pop()
-        print(f"started in {sum(times.values()):.1f} s: "
-              + ", ".join(f"{k.removeprefix('time/')} {v:.1f} s" for k, v in times.items()))
-        producer = Producer(roles.rollout, stream, cfg.reward, prompts_per_step=cfg.rollout.prompts_per_step,
-                            max_staleness=cfg.max_staleness, chunk_prompts=cfg.rollout.chunk_prompts,
-                            dynamic_sampling=cfg.rollout.dynamic_sampling, version=done["step"])
-        job = Job(cfg, roles, producer, stream, run, tokenizer.pad_token_id, data_stats, last_step=done["step"],
-                  checkpointed=done["step"])
-        steps = stop.steps(run.progress(range(done["step"] + 1, cfg.run.steps + 1)))
-        if cfg.max_staleness == 0:
-            train_sync(job, steps)
-        else:
-            from distrl.driver_async import train_async
-
-            train_async(job, steps)
-        if stop.signal is not None and job.checkpointed < job.last_step:
-            save_checkpoint(job)
+        job = Job(cfg, stream, run, tokenizer.pad_token_id, data_stats, last_step=done, checkpointed=done)
+        while True:
+            began = job.last_step
+            try:
+                run_roles(job, backend, found, startup, stop, rollout_worker)
+                break
+            except RoleDied as died:
+                found = recovery_point(job, died, began)
+                startup = PhaseTimer()
     run.summary(job.history)  # after the actors are gone, so their last log lines do not trail it
     if stop.signal is not None and job.last_step < cfg.run.steps:  # a signal during the last step: it finished
         kept = (f"{run.path} holds a checkpoint of step {job.checkpointed}: continue with --set run.resume=true"
@@ -108,6 +102,82 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
         raise Stopped(stop.signal_name, 128 + stop.signal, f"stopped by {stop.signal_name} after step "
                       f"{job.last_step} of {cfg.run.steps}; every actor was released. {kept}")
     return job.history
+
+
+def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTimer, stop: StopOnSignal,
+              rollout_worker: type) -> None:
+    """Start every role, load checkpoint `found` (if any) and train from the step after it until `run.steps` or a
+    stop signal; the roles are ended on the way out, however it is left."""
+    cfg, first = job.cfg, job.last_step + 1
+    with started_roles(cfg, backend, first, rollout_worker) as roles:
+        with startup("actors"):  # until every engine serves the first weights
+            restore(found, job, roles)
+            first_push = roles.sync.push(version=job.last_step)
+        stop.check("the actors' start")
+        times = startup.pop()
+        print(f"{'restarted' if job.recoveries else 'started'} in {sum(times.values()):.1f} s: "
+              + ", ".join(f"{k.removeprefix('time/')} {v:.1f} s" for k, v in times.items()))
+        job.roles = roles
+        job.producer = Producer(roles.rollout, job.stream, cfg.reward, prompts_per_step=cfg.rollout.prompts_per_step,
+                                max_staleness=cfg.max_staleness, chunk_prompts=cfg.rollout.chunk_prompts,
+                                dynamic_sampling=cfg.rollout.dynamic_sampling, replace=roles.replace_rollout,
+                                recovery=cfg.cluster.recovery, version=job.last_step)
+        job.producer.lost_in_push(first_push.lost)
+        try:
+            steps = stop.steps(job.run.progress(range(first, cfg.run.steps + 1)))
+            if cfg.max_staleness == 0:
+                train_sync(job, steps)
+            else:
+                from distrl.driver_async import train_async
+
+                train_async(job, steps)
+            if stop.signal is not None and job.checkpointed < job.last_step:
+                save_checkpoint(job)
+        except Exception as err:
+            # Asked before the roles are ended: afterwards every actor is dead.
+            dead = [g.name(i) for g in (roles.learner, roles.reference) if g is not None for i in g.dead()]
+            if dead or backend.lost(err):
+                raise RoleDied(dead, err) from err
+            raise
+
+
+class RoleDied(Exception):
+    """A learner or reference actor died (`names`; empty when only the error says so) and ended the roles."""
+
+    def __init__(self, names: list[str], error: Exception):
+        super().__init__(f"{', '.join(names) or 'an actor'} died: {error}")
+        self.names, self.error = names, error
+
+
+def recovery_point(job: Job, died: RoleDied, began: int) -> Path:
+    """The checkpoint to continue from after `died` ended the roles started at step `began` + 1, within
+    `cluster.recovery.max_recoveries`. Raises the original error when no step was trained since the roles started
+    (a failure at start-up would only recur), and a clear one when there is no checkpoint or budget left."""
+    if job.last_step == began:
+        raise died.error
+    who, budget = ", ".join(died.names) or "an actor", job.cfg.cluster.recovery.max_recoveries
+    if job.recoveries >= budget:
+        raise RuntimeError(f"{who} died in step {job.last_step + 1}; the run has recovered from a checkpoint "
+                           f"{job.recoveries} times already (cluster.recovery.max_recoveries = {budget}). The "
+                           f"error: {died.error}") from died.error
+    found, refused = checkpoint.resume_point(job.run.path)
+    for why in refused:
+        print(f"not recovering from a damaged checkpoint, set aside as .damaged: {why}")
+    if found is None:
+        raise RuntimeError(f"{who} died in step {job.last_step + 1} and the run has no checkpoint to recover from: "
+                           f"set run.checkpoint_every to let a run survive a learner or reference failure. The "
+                           f"error: {died.error}") from died.error
+    failed = job.last_step + 1
+    job.recoveries += 1
+    job.recovered += 1
+    step = checkpoint.driver_state(found)["step"]
+    del job.history[max(0, len(job.history) - (job.last_step - step)):]  # rows are in step order, one per step
+    job.last_step = job.checkpointed = step
+    job.timer.pop()  # the phases of the step that failed
+    job.learner_clock, job.reference_clock = BusyClock(), BusyClock()
+    print(f"{who} died in step {failed} ({type(died.error).__name__}): restarting every role from {found} (recovery "
+          f"{job.recoveries} of {budget})", flush=True)
+    return found
 
 
 def train_sync(job: Job, steps) -> None:
@@ -123,6 +193,7 @@ def train_sync(job: Job, steps) -> None:
             metrics.update(finish_update(job, start_update(job, batch), batch, step))
         with timer("sync"):
             sync = roles.sync.push(version=step)
+            job.producer.lost_in_push(sync.lost)  # before new chunks can go to a dead engine
             job.producer.set_version(step)
         end_step(job, step, scored, produced, metrics, sync)
 
@@ -211,6 +282,7 @@ def end_step(job: Job, step: int, scored: ScoredRollouts, produced: BatchStats, 
     """The step's samples are trained on: mark its prompts consumed, log its row, checkpoint if due."""
     job.stream.consume(scored.rollouts.group)
     metrics.update(produced.metrics())
+    metrics["faults/recoveries"], job.recovered = float(job.recovered), 0
     metrics["idle/learner"] = job.learner_clock.pop_idle()
     if job.roles.reference is not None:
         metrics["idle/reference"] = job.reference_clock.pop_idle()
@@ -248,11 +320,11 @@ def resume_point(run: RunDir) -> Path | None:
     return found
 
 
-def restore(found: Path | None, state: dict, run: RunDir, roles: Roles, stream: PromptStream) -> None:
-    """Load checkpoint `found` (if any; `state` is its driver state) into every learner and the prompt stream, and
+def restore(found: Path | None, job: Job, roles: Roles) -> None:
+    """Load checkpoint `found` (if any; the job is at its step) into every learner and the prompt stream, and
     forget metrics rows logged after it."""
     if found:
         roles.backend.get(roles.learner.map(Learner.load_checkpoint, str(found)))
-        stream.load_state_dict(state["data"])
-        print(f"resumed from {found} (step {state['step']})")
-    run.forget_after(state["step"])
+        job.stream.load_state_dict(checkpoint.driver_state(found)["data"])
+        print(f"resumed from {found} (step {job.last_step})")
+    job.run.forget_after(job.last_step)

@@ -70,6 +70,8 @@ def finish(job: Job, update: InFlight, push: PendingSync | None) -> PendingSync:
         update.metrics.update(finish_update(job, update.handles, update.batch, update.step))
     with job.timer("sync"):
         sync = job.roles.sync.finish(push) if push is not None else None  # the previous push, long done by now
+        if sync is not None:
+            job.producer.lost_in_push(sync.lost)  # replaced before this push, so that it reaches the new engines
         pending = job.roles.sync.start(version=update.step)
         job.producer.set_version(update.step)
     end_step(job, update.step, update.scored, update.produced, update.metrics, sync)

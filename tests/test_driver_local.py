@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from distrl import config
+from distrl.cluster.group import ActorLost
+from distrl.cluster.producer import default_chunk
 from distrl.driver import train
 from distrl.workers.rewards import RewardError
+from tests.dying_rollout import dying
 from tests.hf_rollout import HFRolloutWorker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,3 +108,107 @@ def test_a_reward_that_always_fails_stops_the_run_even_when_its_groups_are_filte
                              "run.steps=1")
     (row,) = train(tolerated, rollout_worker=HFRolloutWorker)
     assert row["reward/errors"] >= 16 and row["reward/mean"] == 0.0  # 2 rounds of 4 prompts x 4 samples scored
+
+
+@pytest.fixture
+def trained_groups(monkeypatch) -> list[list[int]]:
+    """The prompt tickets each step trained on, in step order."""
+    import distrl.driver
+    import distrl.driver_async
+
+    steps: list[list[int]] = []
+    real = distrl.driver.end_step
+
+    def recording(job, step, scored, *args, **kwargs):
+        steps.append(sorted(set(scored.rollouts.group)))
+        return real(job, step, scored, *args, **kwargs)
+
+    monkeypatch.setattr(distrl.driver, "end_step", recording)
+    monkeypatch.setattr(distrl.driver_async, "end_step", recording)
+    return steps
+
+
+@pytest.mark.parametrize("loop", [("loop.mode=sync",), ("loop.mode=async", "loop.max_staleness=1")])
+def test_a_rollout_actor_that_dies_mid_chunk_is_replaced_and_its_prompts_sent_again(
+        tmp_path, tiny_model_dir, trained_groups, capsys, loop):
+    cfg = local_config(tmp_path, tiny_model_dir, *loop, "data.shuffle=false")
+    history = train(cfg, rollout_worker=dying("generate", at_call=2))
+    # Every step trained a full batch of distinct prompts, and no prompt twice: 0..15 in ticket order.
+    assert trained_groups == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert sum(h["faults/rollout_restarts"] for h in history) == 1
+    # The chunk it held: the step's 4 prompts in the synchronous loop, half of them in the asynchronous one.
+    assert sum(h["faults/redispatched_prompts"] for h in history) == default_chunk(4, 1, cfg.max_staleness)
+    out = capsys.readouterr().out
+    assert "rollout actor rollout-0 died (ActorLost); starting a replacement" in out
+    assert "rollout actor rollout-0 (replacement 1) serves policy version" in out
+
+
+def test_an_engine_that_dies_in_a_weight_push_is_replaced_with_the_current_weights(tmp_path, tiny_model_dir,
+                                                                                   trained_groups):
+    # load_weights call 1 is the first push at start-up, call 2 the push after step 1's update.
+    history = train(local_config(tmp_path, tiny_model_dir, "data.shuffle=false"),
+                    rollout_worker=dying("load_weights", at_call=2))
+    assert [h["policy_version"] for h in history] == [0, 1, 2, 3]  # the replacement serves step 1's weights
+    assert [h["faults/rollout_restarts"] for h in history] == [0, 1, 0, 0]
+    assert sum(h["faults/redispatched_prompts"] for h in history) == 0
+    assert trained_groups == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+def test_a_rollout_actor_that_keeps_dying_ends_the_run_naming_it(tmp_path, tiny_model_dir):
+    with pytest.raises(RuntimeError, match=r"rollout actor rollout-0 \(replacement 2\) died; it died 3 times within "
+                                           r"cluster.recovery.window_s = 3600 s, more than "
+                                           r"cluster.recovery.max_restarts = 2\. Its last error: killed in generate"):
+        train(local_config(tmp_path, tiny_model_dir, "cluster.recovery.max_restarts=2"),
+              rollout_worker=dying("generate", at_call=1, deaths=10))
+    with pytest.raises(RuntimeError, match=r"rollout actor rollout-0 died; cluster.recovery.max_restarts is 0: a "
+                                           r"dead rollout actor ends the run"):
+        train(local_config(tmp_path / "off", tiny_model_dir, "cluster.recovery.max_restarts=0"),
+              rollout_worker=dying("generate", at_call=2))
+
+
+@pytest.fixture
+def learner_dies_in_update(monkeypatch):
+    """The learner "dies" (raises ActorLost, as Ray reports a dead actor) in its `n`-th update of the test."""
+    from distrl.workers.learner import Learner
+
+    real, calls = Learner.update, []
+
+    def set_up(n: int) -> None:
+        def update(self, batch):
+            calls.append(1)
+            if len(calls) == n:
+                raise ActorLost("the learner was killed")
+            return real(self, batch)
+
+        monkeypatch.setattr(Learner, "update", update)
+
+    return set_up
+
+
+@pytest.mark.parametrize("loop", [("loop.mode=sync",), ("loop.mode=async", "loop.max_staleness=1")])
+def test_a_learner_that_dies_is_recovered_from_the_newest_checkpoint(tmp_path, tiny_model_dir, capsys,
+                                                                     learner_dies_in_update, trained_groups, loop):
+    learner_dies_in_update(4)  # in step 4: the newest checkpoint is step 2's
+    cfg = local_config(tmp_path, tiny_model_dir, *loop, "run.steps=5", "run.checkpoint_every=2", "data.shuffle=false")
+    history = train(cfg, rollout_worker=HFRolloutWorker)
+    assert [r["step"] for r in rows(cfg)] == [1, 2, 3, 4, 5] and len(history) == 5
+    assert [h["reward/mean"] for h in history] == [r["reward/mean"] for r in rows(cfg)]
+    assert [r["faults/recoveries"] for r in rows(cfg)] == [0, 0, 1, 0, 0]  # reported with the first step redone
+    assert "an actor died in step 4 (ActorLost): restarting every role from" in capsys.readouterr().out
+    # Steps 3 and 4 were trained again on the same prompts (step 3's update happened; it was not checkpointed).
+    assert trained_groups == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [8, 9, 10, 11], [12, 13, 14, 15],
+                              [16, 17, 18, 19]]
+
+
+def test_a_learner_that_dies_without_a_checkpoint_ends_the_run_saying_how_to_keep_one(tmp_path, tiny_model_dir,
+                                                                                     learner_dies_in_update):
+    learner_dies_in_update(2)
+    with pytest.raises(RuntimeError, match=r"an actor died in step 2 and the run has no checkpoint to recover from: "
+                                           r"set run\.checkpoint_every"):
+        train(local_config(tmp_path, tiny_model_dir), rollout_worker=HFRolloutWorker)
+
+
+def test_a_learner_that_dies_before_any_step_is_not_recovered(tmp_path, tiny_model_dir, learner_dies_in_update):
+    learner_dies_in_update(1)  # at start-up nothing was trained: a restart would only fail the same way
+    with pytest.raises(ActorLost, match="the learner was killed"):
+        train(local_config(tmp_path, tiny_model_dir, "run.checkpoint_every=1"), rollout_worker=HFRolloutWorker)

@@ -1,8 +1,13 @@
-"""How the producer cuts a step's prompts into generation requests by default."""
+"""How the producer cuts a step's prompts into generation requests by default, and how it counts deaths."""
 
 import pytest
 
-from distrl.cluster.producer import default_chunk
+from distrl.cluster.backend import LocalBackend
+from distrl.cluster.group import ActorLost, Done, LocalGroup
+from distrl.cluster.producer import Producer, default_chunk
+from distrl.config import RecoveryConfig, RewardConfig
+from distrl.data import PromptStream
+from distrl.types import Prompt
 
 
 @pytest.mark.parametrize("prompts,actors,k,chunk", [
@@ -14,3 +19,27 @@ from distrl.cluster.producer import default_chunk
 ])
 def test_default_chunk(prompts, actors, k, chunk):
     assert default_chunk(prompts, actors, k) == chunk
+
+
+def test_a_death_reported_twice_replaces_the_actor_once():
+    """A chunk in flight and a weight push can both report one death; the second report names an incarnation
+    already replaced and changes nothing."""
+    backend = LocalBackend()
+    group: LocalGroup = LocalGroup("rollout", backend, lambda i, incarnation: object(), 2)
+    replaced: list[int] = []
+
+    def replace(i: int) -> Done:
+        group.restart(i)
+        replaced.append(i)
+        return Done(3)
+
+    stream = PromptStream([Prompt(0, "1+1=", [1, 2])], seed=0, shuffle=False)
+    producer = Producer(group, stream, RewardConfig(), prompts_per_step=2,
+                        max_staleness=0, chunk_prompts=None, dynamic_sampling=None, replace=replace,
+                        recovery=RecoveryConfig(max_restarts=1))
+    producer.lost(1, 0, ActorLost("killed"))
+    producer.lost(1, 0, ActorLost("killed"))
+    assert replaced == [1] and group.incarnations == [0, 1] and group.name(1) == "rollout-1 (replacement 1)"
+    assert producer.idle == [0] and producer.stats.rollout_restarts == 1
+    with pytest.raises(RuntimeError, match=r"rollout actor rollout-1 \(replacement 1\) died; it died 2 times"):
+        producer.lost(1, 1, ActorLost("killed again"))

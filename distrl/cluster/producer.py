@@ -13,6 +13,12 @@ never trained on, and counted. With dynamic sampling, groups whose rewards are a
 their room goes to new chunks, until the cap of `dynamic_sampling.max_rounds` is reached.
 
 An actor takes its next chunk as soon as it returns the last one, so a slow actor simply takes fewer chunks.
+
+An actor that dies (its process killed, its node lost; noticed when its chunk or a weight push to it fails) is
+replaced on its placement bundle by `replace`, which also loads the learners' current weights into the new one
+before it takes a chunk; the prompts of the chunk it held go first to the next chunks dispatched, keeping their
+tickets, so no prompt is lost or trained twice. At most `recovery.max_restarts` replacements of one actor within
+`recovery.window_s`; one more death ends the run with the actor's last error.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from distrl.cluster import rewards
 from distrl.cluster.group import ActorGroup
-from distrl.config import DynamicSamplingConfig, RewardConfig
+from distrl.config import DynamicSamplingConfig, RecoveryConfig, RewardConfig
 from distrl.data import PromptStream
 from distrl.types import Prompt, ScoredRollouts
 from distrl.workers.rollout import RolloutWorker
@@ -39,6 +47,7 @@ def reward_sample(prompt: Prompt) -> dict:
 @dataclass
 class _Chunk:
     actor: int
+    incarnation: int  # of the actor it was sent to
     tickets: list[int]
     prompts: list[Prompt]
     scoring: list[Any] = field(default_factory=list)  # reward task handles, once generated
@@ -59,10 +68,14 @@ class BatchStats:
     cap_reached: int = 0
     buffer_depth: int = 0
     rollout_idle: float = 0.0
+    rollout_restarts: int = 0  # rollout actors replaced
+    redispatched_prompts: int = 0  # prompts whose chunk was lost with its actor and sent again
 
     def metrics(self) -> dict[str, float]:
         seen = self.kept_groups + self.filtered_groups
         return {"reward/errors": float(self.reward_errors), "samples/dropped_stale": float(self.dropped_stale),
+                "faults/rollout_restarts": float(self.rollout_restarts),
+                "faults/redispatched_prompts": float(self.redispatched_prompts),
                 "dynamic_sampling/filtered_groups": float(self.filtered_groups),
                 "dynamic_sampling/kept_frac": self.kept_groups / seen if seen else 1.0,
                 "dynamic_sampling/cap_reached": float(self.cap_reached),
@@ -83,12 +96,15 @@ def default_chunk(prompts_per_step: int, actors: int, max_staleness: int) -> int
 
 class Producer:
     """Keeps `actors` busy with chunks of `stream`'s prompts; `next_batch(step)` returns `prompts_per_step`
-    scored groups usable at `step` under the staleness bound `max_staleness`."""
+    scored groups usable at `step` under the staleness bound `max_staleness`. `replace(i)` replaces dead actor i
+    and returns a handle that resolves once the new one serves the current weights."""
 
     def __init__(self, actors: ActorGroup[RolloutWorker], stream: PromptStream, reward: RewardConfig, *,
                  prompts_per_step: int, max_staleness: int, chunk_prompts: int | None,
-                 dynamic_sampling: DynamicSamplingConfig | None, version: int = 0):
+                 dynamic_sampling: DynamicSamplingConfig | None, replace: Callable[[int], Any],
+                 recovery: RecoveryConfig, version: int = 0):
         self.actors, self.backend, self.stream, self.reward = actors, actors.backend, stream, reward
+        self.replace, self.recovery = replace, recovery
         self.batch, self.k, self.filter = prompts_per_step, max_staleness, dynamic_sampling
         self.chunk = chunk_prompts or default_chunk(prompts_per_step, len(actors), max_staleness)
         self.version = version  # the newest weights pushed to the engines
@@ -96,6 +112,9 @@ class Producer:
         self.in_flight: dict[Any, _Chunk] = {}  # generation handle -> chunk
         self.scoring: dict[Any, _Chunk] = {}  # reward task handle -> its chunk (generated, rewards pending)
         self.ready: list[ScoredRollouts] = []  # scored groups, one per prompt
+        self.redo: deque[tuple[int, Prompt]] = deque()  # (ticket, prompt) of chunks lost with their actor
+        self.replacing: dict[Any, tuple[int, float]] = {}  # weight-load handle -> (actor, when it was replaced)
+        self._deaths: dict[int, deque[float]] = {i: deque() for i in range(len(actors))}
         self.idle = list(range(len(actors)))
         self.stats = BatchStats()
         self._idle_since = dict.fromkeys(self.idle, time.perf_counter())
@@ -105,21 +124,28 @@ class Producer:
     # ----------------------------------------------------------------------------------------------- admission
     def _pending_groups(self) -> int:
         scoring = {id(c): c for c in self.scoring.values()}.values()
-        return len(self.ready) + sum(len(c.tickets) for c in (*self.in_flight.values(), *scoring))
+        return len(self.ready) + len(self.redo) + sum(len(c.tickets) for c in (*self.in_flight.values(), *scoring))
 
     def _room(self) -> int:
         """Prompts that may still be drawn: the first version + k + 1 batches, less what is handed out or pending."""
         return (self.version + self.k + 1 - self.handed_out) * self.batch - self._pending_groups()
 
     def _admit(self) -> None:
-        while self.idle and (room := self._room()) > 0:
+        while self.idle and (self.redo or self._room() > 0):
             actor = self.idle.pop()
-            drawn = self.stream.take(min(self.chunk, room))
+            drawn = self._draw()
             tickets, prompts = [t for t, _ in drawn], [p for _, p in drawn]
             handle = self.actors.call(actor, RolloutWorker.generate, prompts, tickets)
             now = time.perf_counter()
             self._idle_time += now - self._idle_since.pop(actor)
-            self.in_flight[handle] = _Chunk(actor, tickets, prompts)
+            self.in_flight[handle] = _Chunk(actor, self.actors.incarnations[actor], tickets, prompts)
+
+    def _draw(self) -> list[tuple[int, Prompt]]:
+        """A chunk of prompts with their tickets: those lost with a dead actor first (they were admitted already,
+        and are the oldest), else new ones as far as there is room."""
+        if self.redo:
+            return [self.redo.popleft() for _ in range(min(self.chunk, len(self.redo)))]
+        return self.stream.take(min(self.chunk, self._room()))
 
     def set_version(self, version: int) -> None:
         """Weights of `version` are on their way to every engine (queued behind the chunk each one runs)."""
@@ -129,7 +155,15 @@ class Producer:
     # ------------------------------------------------------------------------------------------------- events
     def _on_generated(self, handle: Any) -> None:
         chunk = self.in_flight.pop(handle)
-        chunk.rollouts = part = self.backend.get(handle)
+        try:
+            chunk.rollouts = part = self.backend.get(handle)
+        except Exception as err:
+            if not self.backend.lost(err):
+                raise
+            self.redo.extend(zip(chunk.tickets, chunk.prompts, strict=True))
+            self.stats.redispatched_prompts += len(chunk.prompts)
+            self.lost(chunk.actor, chunk.incarnation, err)
+            return
         self.idle.append(chunk.actor)
         self._idle_since[chunk.actor] = time.perf_counter()
         by_ticket = dict(zip(chunk.tickets, chunk.prompts, strict=True))
@@ -141,6 +175,50 @@ class Producer:
         chunk.left = set(chunk.scoring)
         for h in chunk.scoring:
             self.scoring[h] = chunk
+
+    def lost(self, actor: int, incarnation: int, error: BaseException) -> None:
+        """Rollout actor `actor`, as it was at `incarnation`, is gone (`error`): replace it, unless that was done
+        already (a chunk and a weight push can both report the same death), within the restart budget."""
+        if incarnation != self.actors.incarnations[actor]:
+            return
+        name, r = self.actors.name(actor), self.recovery
+        now = time.monotonic()
+        deaths = self._deaths[actor]
+        deaths.append(now)
+        while deaths[0] < now - r.window_s:
+            deaths.popleft()
+        if len(deaths) > r.max_restarts:
+            budget = ("cluster.recovery.max_restarts is 0: a dead rollout actor ends the run" if not r.max_restarts
+                      else f"it died {len(deaths)} times within cluster.recovery.window_s = {r.window_s:g} s, "
+                           f"more than cluster.recovery.max_restarts = {r.max_restarts}")
+            raise RuntimeError(f"rollout actor {name} died; {budget}. Its last error: {error}") from error
+        if actor in self.idle:
+            self.idle.remove(actor)
+        self._idle_since.setdefault(actor, time.perf_counter())  # its time dead and restarting is rollout idle
+        print(f"rollout actor {name} died ({type(error).__name__}); starting a replacement on its placement bundle "
+              f"(restart {len(deaths)} of {r.max_restarts} allowed within {r.window_s:g} s), "
+              f"{len(self.redo)} prompts to re-dispatch", flush=True)
+        self.replacing[self.replace(actor)] = (actor, time.perf_counter())
+        self.stats.rollout_restarts += 1
+
+    def lost_in_push(self, lost: dict[int, tuple[int, BaseException]]) -> None:
+        """Replace the engines a weight push found dead (`SyncStats.lost`)."""
+        for actor, (incarnation, error) in lost.items():
+            self.lost(actor, incarnation, error)
+
+    def _on_replaced(self, handle: Any) -> None:
+        actor, since = self.replacing.pop(handle)
+        try:
+            version = self.backend.get(handle)
+        except Exception as err:
+            if not self.backend.lost(err):
+                raise RuntimeError(f"rollout actor {self.actors.name(actor)}: the replacement could not load the "
+                                   f"weights: {err}") from err
+            self.lost(actor, self.actors.incarnations[actor], err)
+            return
+        print(f"rollout actor {self.actors.name(actor)} serves policy version {version}, "
+              f"{time.perf_counter() - since:.1f} s after it was replaced", flush=True)
+        self.idle.append(actor)
 
     def _on_scored(self, chunk: _Chunk) -> None:
         scores, errors, last = rewards.collect(self.backend, chunk.scoring)
@@ -169,7 +247,7 @@ class Producer:
         """Admit what fits, then wait for at least one event: a chunk generated, a reward task done, or one of
         `also` (returned, those of them that are done)."""
         self._admit()
-        waiting = [*self.in_flight, *self.scoring, *also]
+        waiting = [*self.in_flight, *self.scoring, *self.replacing, *also]
         if not waiting:
             raise RuntimeError("the producer has nothing in flight and no room to admit a chunk; the staleness "
                                "bound leaves no batch to generate")
@@ -177,6 +255,8 @@ class Producer:
         for handle in done:
             if handle in self.in_flight:
                 self._on_generated(handle)
+            elif handle in self.replacing:
+                self._on_replaced(handle)
             elif handle in self.scoring:
                 chunk = self.scoring.pop(handle)
                 chunk.left.discard(handle)
@@ -189,6 +269,7 @@ class Producer:
         pending = list(handles)
         while pending:
             done = self._step(pending)
+            self.backend.get(done)  # a failed call ends the wait at once: its peers may be blocked waiting for it
             pending = [h for h in pending if not any(h is d for d in done)]
 
     # -------------------------------------------------------------------------------------------------- batches

@@ -1,7 +1,9 @@
 """Shared pieces of the end-to-end tests: real Ray (127.0.0.1 only), real vLLM CPU, the tiny model."""
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,32 @@ def cli_env() -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(ROOT)
     return env
+
+
+def start_quickstart(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen, Path]:
+    """`distrl train` on the quickstart (endless steps unless `overrides` say otherwise), once it has logged two
+    steps; (process, metrics). Its stdout and stderr are pipes."""
+    settings = [f"run.output_dir={tmp_path}", f"model.path={tmp_path / 'model'}", "run.steps=100000",
+                "run.progress=false", *overrides]
+    cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
+           *(arg for setting in settings for arg in ("--set", setting))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "quickstart" / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no step logged; stderr:\n{proc.communicate()[1][-3000:]}")
+        time.sleep(0.2)
+    return proc, metrics
+
+
+def all_ended(procs, timeout: float) -> list[int]:
+    """Wait until every process in `procs` has exited (a zombie has: only its parent's wait is missing); returns
+    the pids still running after `timeout` seconds."""
+    from distrl.cluster.reaper import _alive
+
+    deadline = time.monotonic() + timeout
+    while (running := [p.pid for p in procs if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return running

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, cli_env
+from .conftest import ROOT, all_ended, cli_env, start_quickstart
 
 
 def test_bad_config_fails_before_any_actor_starts(tmp_path):
@@ -37,33 +37,6 @@ def test_unknown_reward_function_fails_before_any_actor_starts(tmp_path):
     assert result.returncode == 2 and "reward.function: reward function 'distrl.nowhere:nothing'" in result.stderr
     assert "Traceback" not in result.stderr
     assert "ray: " not in result.stdout
-
-
-def start_quickstart(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
-    """`distrl train` on the quickstart with endless steps, once it has logged two steps; (process, metrics)."""
-    cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
-           "--set", f"run.output_dir={tmp_path}", "--set", f"model.path={tmp_path / 'model'}",
-           "--set", "run.steps=100000", "--set", "run.progress=false"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = tmp_path / "quickstart" / "metrics.jsonl"
-    deadline = time.monotonic() + 240
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"no step logged; stderr:\n{proc.communicate()[1][-3000:]}")
-        time.sleep(0.2)
-    return proc, metrics
-
-
-def all_ended(procs, timeout: float) -> list[int]:
-    """Wait until every process in `procs` has exited (a zombie has: only its parent's wait is missing); returns
-    the pids still running after `timeout` seconds."""
-    from distrl.cluster.reaper import _alive
-
-    deadline = time.monotonic() + timeout
-    while (running := [p.pid for p in procs if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return running
 
 
 def test_sigterm_finishes_the_step_and_leaves_no_ray_process_behind(tmp_path):

@@ -17,6 +17,7 @@ from distrl.batching import advantages, pad
 from distrl.cluster.backend import RayBackend
 from distrl.cluster.producer import Producer
 from distrl.cluster.roles import started_roles, total_optimizer_steps
+from distrl.config import RecoveryConfig
 from distrl.data import PromptStream, load_prompts
 from distrl.driver import train
 from distrl.types import ScoredRollouts, Sequences, TrainBatch
@@ -53,7 +54,8 @@ def two_by_two(ray_session, tmp_path_factory):
 def generate_and_score(roles, prompts, reward) -> ScoredRollouts:
     """One batch of `prompts` through the producer (every prompt once, in order)."""
     producer = Producer(roles.rollout, PromptStream(prompts, shuffle=False), reward, prompts_per_step=len(prompts),
-                        max_staleness=0, chunk_prompts=None, dynamic_sampling=None)
+                        max_staleness=0, chunk_prompts=None, dynamic_sampling=None, replace=roles.replace_rollout,
+                        recovery=RecoveryConfig())
     return producer.next_batch(step=1)[0]
 
 
