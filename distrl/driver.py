@@ -120,7 +120,7 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
         job.roles = roles
         job.producer = Producer(roles.rollout, job.stream, cfg.reward, prompts_per_step=cfg.rollout.prompts_per_step,
                                 max_staleness=cfg.max_staleness, chunk_prompts=cfg.rollout.chunk_prompts,
-                                dynamic_sampling=cfg.rollout.dynamic_sampling, replace=roles.replace_rollout,
+                                dynamic_sampling=cfg.rollout.dynamic_sampling, load_weights=roles.sync.push_one,
                                 recovery=cfg.cluster.recovery, version=job.last_step)
         job.producer.lost_in_push(first_push.lost)
         try:
@@ -192,7 +192,7 @@ def train_sync(job: Job, steps) -> None:
         with timer("update"):
             metrics.update(finish_update(job, start_update(job, batch), batch, step))
         with timer("sync"):
-            sync = roles.sync.push(version=step)
+            sync = roles.sync.push(version=step, skip=job.producer.starting())
             job.producer.lost_in_push(sync.lost)  # before new chunks can go to a dead engine
             job.producer.set_version(step)
         end_step(job, step, scored, produced, metrics, sync)

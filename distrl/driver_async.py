@@ -72,7 +72,7 @@ def finish(job: Job, update: InFlight, push: PendingSync | None) -> PendingSync:
         sync = job.roles.sync.finish(push) if push is not None else None  # the previous push, long done by now
         if sync is not None:
             job.producer.lost_in_push(sync.lost)  # replaced before this push, so that it reaches the new engines
-        pending = job.roles.sync.start(version=update.step)
+        pending = job.roles.sync.start(version=update.step, skip=job.producer.starting())
         job.producer.set_version(update.step)
     end_step(job, update.step, update.scored, update.produced, update.metrics, sync)
     return pending

@@ -28,14 +28,13 @@ def test_a_death_reported_twice_replaces_the_actor_once():
     group: LocalGroup = LocalGroup("rollout", backend, lambda i, incarnation: object(), 2)
     replaced: list[int] = []
 
-    def replace(i: int) -> Done:
-        group.restart(i)
+    def load_weights(i: int) -> Done:
         replaced.append(i)
         return Done(3)
 
     stream = PromptStream([Prompt(0, "1+1=", [1, 2])], seed=0, shuffle=False)
     producer = Producer(group, stream, RewardConfig(), prompts_per_step=2,
-                        max_staleness=0, chunk_prompts=None, dynamic_sampling=None, replace=replace,
+                        max_staleness=0, chunk_prompts=None, dynamic_sampling=None, load_weights=load_weights,
                         recovery=RecoveryConfig(max_restarts=1))
     producer.lost(1, 0, ActorLost("killed"))
     producer.lost(1, 0, ActorLost("killed"))

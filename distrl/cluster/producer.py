@@ -15,10 +15,11 @@ their room goes to new chunks, until the cap of `dynamic_sampling.max_rounds` is
 An actor takes its next chunk as soon as it returns the last one, so a slow actor simply takes fewer chunks.
 
 An actor that dies (its process killed, its node lost; noticed when its chunk or a weight push to it fails) is
-replaced on its placement bundle by `replace`, which also loads the learners' current weights into the new one
-before it takes a chunk; the prompts of the chunk it held go first to the next chunks dispatched, keeping their
-tickets, so no prompt is lost or trained twice. At most `recovery.max_restarts` replacements of one actor within
-`recovery.window_s`; one more death ends the run with the actor's last error.
+replaced on its placement bundle, and `load_weights(i)` loads the learners' current weights into the new one
+before it takes a chunk (again, if a push it was left out of made them newer meanwhile); the prompts of the chunk
+it held go first to the next chunks dispatched, keeping their tickets, so no prompt is lost or trained twice. At
+most `recovery.max_restarts` replacements of one actor within `recovery.window_s`; one more death ends the run
+with the actor's last error.
 """
 
 from __future__ import annotations
@@ -96,15 +97,15 @@ def default_chunk(prompts_per_step: int, actors: int, max_staleness: int) -> int
 
 class Producer:
     """Keeps `actors` busy with chunks of `stream`'s prompts; `next_batch(step)` returns `prompts_per_step`
-    scored groups usable at `step` under the staleness bound `max_staleness`. `replace(i)` replaces dead actor i
-    and returns a handle that resolves once the new one serves the current weights."""
+    scored groups usable at `step` under the staleness bound `max_staleness`. `load_weights(i)` loads the
+    learners' current weights into actor i alone and returns a handle resolving to the version it then serves."""
 
     def __init__(self, actors: ActorGroup[RolloutWorker], stream: PromptStream, reward: RewardConfig, *,
                  prompts_per_step: int, max_staleness: int, chunk_prompts: int | None,
-                 dynamic_sampling: DynamicSamplingConfig | None, replace: Callable[[int], Any],
+                 dynamic_sampling: DynamicSamplingConfig | None, load_weights: Callable[[int], Any],
                  recovery: RecoveryConfig, version: int = 0):
         self.actors, self.backend, self.stream, self.reward = actors, actors.backend, stream, reward
-        self.replace, self.recovery = replace, recovery
+        self.load_weights, self.recovery = load_weights, recovery
         self.batch, self.k, self.filter = prompts_per_step, max_staleness, dynamic_sampling
         self.chunk = chunk_prompts or default_chunk(prompts_per_step, len(actors), max_staleness)
         self.version = version  # the newest weights pushed to the engines
@@ -198,7 +199,8 @@ class Producer:
         print(f"rollout actor {name} died ({type(error).__name__}); starting a replacement on its placement bundle "
               f"(restart {len(deaths)} of {r.max_restarts} allowed within {r.window_s:g} s), "
               f"{len(self.redo)} prompts to re-dispatch", flush=True)
-        self.replacing[self.replace(actor)] = (actor, time.perf_counter())
+        self.actors.restart(actor)
+        self.replacing[self.load_weights(actor)] = (actor, time.perf_counter())
         self.stats.rollout_restarts += 1
 
     def lost_in_push(self, lost: dict[int, tuple[int, BaseException]]) -> None:
@@ -216,9 +218,16 @@ class Producer:
                                    f"weights: {err}") from err
             self.lost(actor, self.actors.incarnations[actor], err)
             return
+        if version < self.version:  # a push went out while it started, without it: load the newer weights
+            self.replacing[self.load_weights(actor)] = (actor, since)
+            return
         print(f"rollout actor {self.actors.name(actor)} serves policy version {version}, "
               f"{time.perf_counter() - since:.1f} s after it was replaced", flush=True)
         self.idle.append(actor)
+
+    def starting(self) -> set[int]:
+        """Actors being replaced: weight pushes leave them out (they load the weights when they are ready)."""
+        return {actor for actor, _ in self.replacing.values()}
 
     def _on_scored(self, chunk: _Chunk) -> None:
         scores, errors, last = rewards.collect(self.backend, chunk.scoring)

@@ -11,7 +11,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from distrl.cluster.backend import Backend
 from distrl.cluster.group import ActorGroup, RayGroup
@@ -29,12 +28,6 @@ class Roles:
     learner: ActorGroup[Learner]
     reference: ActorGroup[ReferenceWorker] | None
     sync: WeightSync
-
-    def replace_rollout(self, index: int) -> Any:
-        """Start a new rollout actor `index` in place of a dead one and load the learners' current weights into it;
-        returns the handle of that load (the version it serves)."""
-        self.rollout.restart(index)
-        return self.sync.push_one(index)
 
 
 def actor_env(role: str, cfg: Config, extra: dict[str, str] | None = None) -> dict[str, str]:

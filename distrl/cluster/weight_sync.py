@@ -38,7 +38,7 @@ class PendingSync:
     """A push in flight: one handle per engine, resolving to the version it serves once loaded."""
 
     version: int
-    handles: list[Any]
+    handles: dict[int, Any]  # engine index -> its handle
     started: float
     incarnations: list[int]  # of the engines pushed to
 
@@ -57,17 +57,21 @@ class WeightSync(ABC):
         item = torch.empty((), dtype=DTYPES[dtype]).element_size()
         self.total_bytes = item * sum(math.prod(shape) for spec in self.specs for _, shape in spec)
 
-    def push(self, version: int) -> SyncStats:
-        return self.finish(self.start(version))
+    def push(self, version: int, skip: set[int] | frozenset[int] = frozenset()) -> SyncStats:
+        return self.finish(self.start(version, skip))
 
-    def start(self, version: int) -> PendingSync:
-        return PendingSync(version, self._transfer(version), time.perf_counter(), list(self.rollouts.incarnations))
+    def start(self, version: int, skip: set[int] | frozenset[int] = frozenset()) -> PendingSync:
+        """Start pushing to every engine but those in `skip` (being replaced: they load the weights themselves
+        once started, with `push_one`)."""
+        to = [i for i in range(len(self.rollouts)) if i not in skip]
+        return PendingSync(version, dict(zip(to, self._transfer(version, to), strict=True)), time.perf_counter(),
+                           list(self.rollouts.incarnations))
 
     def finish(self, pending: PendingSync) -> SyncStats:
         """Wait until every engine serves `pending.version`; the stats time the push from its start. An engine that
         died is not an error here: it is listed in `SyncStats.lost`, for the producer to replace."""
         lost: dict[int, tuple[int, BaseException]] = {}
-        for i, handle in enumerate(pending.handles):
+        for i, handle in pending.handles.items():
             try:
                 version = self.backend.get(handle)
             except Exception as err:
@@ -89,16 +93,16 @@ class WeightSync(ABC):
         return self.rollouts.call(index, RolloutWorker.load_weights, version, *buckets)
 
     @abstractmethod
-    def _transfer(self, version: int) -> list[Any]:
-        """Start the transfer; returns one ref per rollout actor resolving to the version it now serves."""
+    def _transfer(self, version: int, to: list[int]) -> list[Any]:
+        """Start the transfer to engines `to`; returns one handle per engine resolving to the version it serves."""
 
 
 class ObjectStoreSync(WeightSync):
-    def _transfer(self, version: int) -> list[Any]:
+    def _transfer(self, version: int, to: list[int]) -> list[Any]:
         # Top-level ObjectRef arguments are resolved by Ray before the call: each bucket object is created once by
         # learner 0 and read from shared memory by every rollout actor on the node.
         buckets = [self.learners.call(0, Learner.weight_bucket, spec, self.dtype) for spec in self.specs]
-        return self.rollouts.map(RolloutWorker.load_weights, version, *buckets)
+        return [self.rollouts.call(i, RolloutWorker.load_weights, version, *buckets) for i in to]
 
 
 class NcclSync(WeightSync):
@@ -118,7 +122,9 @@ class NcclSync(WeightSync):
                            f"group of the running ones: in-job recovery needs cluster.weight_sync=object_store "
                            f"(resume the run from its newest checkpoint with --set run.resume=true)")
 
-    def _transfer(self, version: int) -> list[Any]:
+    def _transfer(self, version: int, to: list[int]) -> list[Any]:
+        # A broadcast needs every rank: an engine being replaced cannot be left out (push_one refuses to replace).
+        assert len(to) == len(self.rollouts), "an NCCL push goes to every engine"
         sent = self.learners.call(0, Learner.nccl_send, self.specs, self.dtype)
         received = self.rollouts.map(RolloutWorker.nccl_receive, version, self.specs, self.dtype)
         self.backend.get(sent)
