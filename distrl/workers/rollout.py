@@ -10,6 +10,7 @@ temperature; what remains of the difference (dtype, kernels, truncation) is the 
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,16 @@ ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARN
 vLLM logs each weight reload at INFO; `cluster.actor_env` can set VLLM_LOGGING_LEVEL=INFO back."""
 
 
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+def _rotary_cache_not_in_checkpoint(record: logging.LogRecord) -> bool:
+    """Drops vLLM's warning "RotaryEmbedding: Failed to load weights", logged at every reload: the rotary cos/sin
+    cache is a buffer that no checkpoint carries, so vLLM keeps the one it has. Harmless (the log-prob match test
+    covers the real weights), and at every step it buried the progress bar. Other layers' failures still show."""
+    return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
+
+
 class RolloutWorker:
     """Generates `n` responses per prompt; `load_weights` swaps the weights in place and bumps `policy_version`."""
 
@@ -35,6 +46,7 @@ class RolloutWorker:
             os.environ.setdefault(key, value)
         from vllm import LLM
 
+        logging.getLogger(RELOAD_LOGGER).addFilter(_rotary_cache_not_in_checkpoint)
         self.cfg = cfg
         self.policy_version = 0
         on_gpu = torch.cuda.is_available()
@@ -100,8 +112,6 @@ class RolloutWorker:
     def load_weights(self, version: int, *buckets: dict[str, torch.Tensor]) -> int:
         """Replace the engine's weights in place with HF-named tensors; returns the new policy version."""
         weights = [item for bucket in buckets for item in bucket.items()]
-        # vLLM may log "RotaryEmbedding: Failed to load weights": its cos/sin cache is a buffer that no checkpoint
-        # carries, so vLLM puts the existing one back. Harmless; the log-prob match test covers the real weights.
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.policy_version = version
