@@ -134,8 +134,9 @@ class RolloutConfig(Section):
     """DAPO's dynamic sampling: drop groups whose rewards are all equal (no learning signal) and keep generating
     until the batch is full of groups that have one. Null keeps every group."""
     seed: int | None = None
-    """Base sampling seed; actor i uses seed + i, shifted by 7919 per step already run when resuming (so a resumed
-    run does not replay the first steps' samples). Null derives it from `run.seed`."""
+    """Sampling seed of the run. Each prompt's request carries its own seed, derived from this one and the prompt's
+    ticket (its place in the run's prompt stream, which counts on across epochs), so a sample does not depend on
+    which engine drew it, on the number of engines, on a restart or on a resume. Null: 1000 x `run.seed`."""
 
 
 class ReferenceConfig(Section):

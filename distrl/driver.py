@@ -109,7 +109,7 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
     """Start every role, load checkpoint `found` (if any) and train from the step after it until `run.steps` or a
     stop signal; the roles are ended on the way out, however it is left."""
     cfg, first = job.cfg, job.last_step + 1
-    with started_roles(cfg, backend, first, rollout_worker) as roles:
+    with started_roles(cfg, backend, rollout_worker) as roles:
         with startup("actors"):  # until every engine serves the first weights
             restore(found, job, roles)
             first_push = roles.sync.push(version=job.last_step)

@@ -2,7 +2,8 @@
 the driver's process, with the same interface as `distrl.workers.rollout.RolloutWorker` (no vLLM).
 
 Log-probs are those of the distribution sampled from (temperature applied), like vLLM's processed log-probs, and
-in float32 with the learner's own forward pass, so with the same weights they equal the learner's.
+in float32 with the learner's own forward pass, so with the same weights they equal the learner's. Each prompt is
+sampled with its own generator, seeded like vLLM's requests (`request_seed`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 from distrl.config import ModelConfig, RolloutConfig
 from distrl.types import Prompt, Rollouts
 from distrl.workers.model import load_causal_lm, load_tokenizer
+from distrl.workers.rollout import request_seed
 
 
 class HFRolloutWorker:
@@ -19,13 +21,14 @@ class HFRolloutWorker:
         self.cfg = cfg
         self.model = load_causal_lm(model, "float32").requires_grad_(False)
         self.tokenizer = load_tokenizer(model)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
         self.policy_version = 0
         self.calls = 0  # generate calls served, for tests of the dispatch
 
     @torch.no_grad()
-    def _sample(self, prompt_ids: list[int], n: int) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    def _sample(self, prompt_ids: list[int], n: int, seed: int) -> tuple[list[list[int]], list[list[float]], list[str]]:
         s = self.cfg.sampling
+        generator = torch.Generator().manual_seed(seed)
         ids = torch.tensor([prompt_ids] * n)
         alive = torch.ones(n, dtype=torch.bool)
         tokens: list[list[int]] = [[] for _ in range(n)]
@@ -34,7 +37,7 @@ class HFRolloutWorker:
         for _ in range(s.max_new_tokens):
             logits = self.model(input_ids=ids).logits[:, -1].float() / s.temperature
             logp = torch.log_softmax(logits, -1)
-            next_ids = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+            next_ids = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             for i in range(n):
                 if alive[i]:
                     tokens[i].append(int(next_ids[i]))
@@ -50,7 +53,8 @@ class HFRolloutWorker:
         self.calls += 1
         out = Rollouts([], [], [], [], [], [], [])
         for prompt, group in zip(prompts, groups, strict=True):
-            tokens, logprobs, reasons = self._sample(prompt.prompt_ids, self.cfg.n_samples_per_prompt)
+            tokens, logprobs, reasons = self._sample(prompt.prompt_ids, self.cfg.n_samples_per_prompt,
+                                                     request_seed(self.seed, group))
             for ids, lps, reason in zip(tokens, logprobs, reasons, strict=True):
                 out.prompt_ids.append(list(prompt.prompt_ids))
                 out.response_ids.append(ids)

@@ -212,3 +212,30 @@ def test_a_learner_that_dies_before_any_step_is_not_recovered(tmp_path, tiny_mod
     learner_dies_in_update(1)  # at start-up nothing was trained: a restart would only fail the same way
     with pytest.raises(ActorLost, match="the learner was killed"):
         train(local_config(tmp_path, tiny_model_dir, "run.checkpoint_every=1"), rollout_worker=HFRolloutWorker)
+
+
+TIMING = ("time/", "throughput/", "rollout/tokens_per_s", "sync/bytes_per_s", "idle/")
+
+
+def outcome(rows_: list[dict]) -> list[dict]:
+    """A run's rows without the figures that measure time."""
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows_]
+
+
+def test_the_same_seed_gives_the_same_run_with_any_number_of_engines(tmp_path, tiny_model_dir):
+    runs = []
+    for name, extra in (("once", ()), ("again", ()), ("two-engines", ("cluster.rollout.num_actors=2",))):
+        cfg = local_config(tmp_path / name, tiny_model_dir, *extra)
+        train(cfg, rollout_worker=HFRolloutWorker)
+        runs.append(outcome(rows(cfg)))
+    assert runs[0] == runs[1] == runs[2]
+    assert len({r["reward/mean"] for r in runs[0]}) > 1  # the steps differ from each other: it really sampled
+
+
+def test_a_resumed_run_gives_the_rows_of_the_uninterrupted_one(tmp_path, tiny_model_dir):
+    full = local_config(tmp_path / "full", tiny_model_dir)
+    train(full, rollout_worker=HFRolloutWorker)
+    train(local_config(tmp_path / "cut", tiny_model_dir, "run.steps=2"), rollout_worker=HFRolloutWorker)
+    resumed = local_config(tmp_path / "cut", tiny_model_dir, "run.resume=true")
+    train(resumed, rollout_worker=HFRolloutWorker)
+    assert outcome(rows(resumed)) == outcome(rows(full))

@@ -1,6 +1,6 @@
 """The run directory never mixes two runs, overwrites only distrl's own files and is not left behind holding no
-step; step times and overhead add up; metric merging keeps min/max meaning; rewards see the answer; resumed runs
-reseed the engines."""
+step; step times and overhead add up; metric merging keeps min/max meaning; rewards see the answer; each prompt's
+sampling seed depends on the run's seed and the prompt's ticket only."""
 
 import json
 import math
@@ -11,10 +11,11 @@ import pytest
 
 from distrl import config
 from distrl.cluster.producer import reward_sample
-from distrl.cluster.roles import actor_env, engine_seed, role_threads
+from distrl.cluster.roles import actor_env, role_threads, sampling_seed
 from distrl.run_dir import RunDir
 from distrl.types import Prompt, Rollouts, ScoredRollouts
 from distrl.workers.learner import merge_metrics
+from distrl.workers.rollout import request_seed
 from tests.test_checkpoint import saved
 
 
@@ -154,11 +155,15 @@ def test_step_times_add_up_and_overhead_is_what_the_driver_did_itself(tmp_path, 
     assert rows[0]["throughput/tokens_per_s"] == pytest.approx(3 / 2.0)
 
 
-def test_resumed_runs_move_the_engine_seed_on():
+def test_each_prompt_has_its_own_sampling_seed_from_the_run_seed_and_its_ticket():
     c = config.from_dict({"model": {"path": "m"}, "data": {"path": "d"}, "rollout": {"seed": 5}})
-    assert engine_seed(c, first_step=1) == 5 and engine_seed(c, first_step=4) == 5 + 3 * 7919
     derived = config.from_dict({"model": {"path": "m"}, "data": {"path": "d"}, "run": {"seed": 2}})
-    assert engine_seed(derived, first_step=1) == 2000
+    assert sampling_seed(c) == 5 and sampling_seed(derived) == 2000
+    seeds = [request_seed(5, ticket) for ticket in range(1000)]
+    assert seeds == [request_seed(5, ticket) for ticket in range(1000)]  # a pure function: any engine, any restart
+    assert len(set(seeds)) == 1000 and seeds != [request_seed(6, ticket) for ticket in range(1000)]
+    # vLLM seeds a request's j-th sample with seed + j: 56 bits leave room below 2**63.
+    assert all(0 <= s < 2**56 for s in seeds)
 
 
 def test_a_run_that_logs_no_step_leaves_no_directory_behind(tmp_path):

@@ -67,12 +67,10 @@ def total_optimizer_steps(cfg: Config) -> int:
 
 
 @contextmanager
-def started_roles(cfg: Config, backend: Backend, first_step: int = 1,
-                  rollout_worker: type = RolloutWorker) -> Iterator[Roles]:
+def started_roles(cfg: Config, backend: Backend, rollout_worker: type = RolloutWorker) -> Iterator[Roles]:
     """Place and start every role on `backend`, connect the learners' process group, set up the weight sync; on
     exit (or if any of that fails halfway) kill every actor started and release the placement groups.
-    `first_step` shifts the engines' seeds so that a resumed run does not replay the sampling randomness of its
-    first steps. `rollout_worker` is the engine class (tests of the loop pass one that samples with HF)."""
+    `rollout_worker` is the engine class (tests of the loop pass one that samples with HF)."""
     c = cfg.cluster
     demands = {"rollout": c.rollout, "learner": c.learner}
     if cfg.needs_reference:
@@ -80,32 +78,27 @@ def started_roles(cfg: Config, backend: Backend, first_step: int = 1,
     placements = backend.place(demands, colocate=c.colocate, run_name=cfg.run.name)
     groups: list[ActorGroup] = []
     try:
-        yield _start(cfg, backend, placements, groups, first_step, rollout_worker)
+        yield _start(cfg, backend, placements, groups, rollout_worker)
     finally:
         for group in groups:
             group.kill()
         backend.release(placements)
 
 
-def engine_seed(cfg: Config, first_step: int) -> int:
-    """Sampling seed of rollout actor 0 (actor i adds i) for a run that starts at `first_step`: `rollout.seed` (or
-    1000 x `run.seed`), moved on by a prime stride per step already run, so that a resumed run does not replay the
-    sampling randomness of its first steps."""
-    base = cfg.rollout.seed if cfg.rollout.seed is not None else cfg.run.seed * 1000
-    return base + 7919 * (first_step - 1)
+def sampling_seed(cfg: Config) -> int:
+    """The run's sampling seed: `rollout.seed`, or 1000 x `run.seed`. Every engine gets it; each sample's own seed
+    is derived from it and the sample's prompt ticket (`distrl.workers.rollout.request_seed`)."""
+    return cfg.rollout.seed if cfg.rollout.seed is not None else cfg.run.seed * 1000
 
 
-def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGroup], first_step: int,
-           rollout_worker: type) -> Roles:
+def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGroup], rollout_worker: type) -> Roles:
     c, name = cfg.cluster, cfg.run.name
     temperature = cfg.rollout.sampling.temperature
-    rollout_seed = engine_seed(cfg, first_step)
     rollout = backend.group(
         rollout_worker, "rollout", c.rollout, placements["rollout"], run_name=name,
         env=actor_env("rollout", cfg, ENGINE_ENV),
-        # Distinct seeds: engines with the same seed draw identical samples.
         init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.data.max_prompt_tokens,
-                                                       seed=rollout_seed + i)))
+                                                       seed=sampling_seed(cfg))))
     groups.append(rollout)
     learner = backend.group(
         Learner, "learner", c.learner, placements["learner"], run_name=name, env=actor_env("learner", cfg),

@@ -10,6 +10,7 @@ temperature; what remains of the difference (dtype, kernels, truncation) is the 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,14 @@ def _rotary_cache_not_in_checkpoint(record: logging.LogRecord) -> bool:
     return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
 
 
+def request_seed(seed: int, ticket: int) -> int:
+    """The sampling seed of the request for prompt `ticket` in a run whose sampling seed is `seed`: 56 bits of a
+    hash of both, so that neighbouring tickets get unrelated streams. vLLM gives the request's j-th sample seed + j
+    (n > 1 is split into child requests), which stays below 2**63."""
+    digest = hashlib.sha256(f"distrl-sample:{seed}:{ticket}".encode()).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
 class RolloutWorker:
     """Generates `n` responses per prompt; `load_weights` swaps the weights in place and bumps `policy_version`."""
 
@@ -48,6 +57,7 @@ class RolloutWorker:
 
         logging.getLogger(RELOAD_LOGGER).addFilter(_rotary_cache_not_in_checkpoint)
         self.cfg = cfg
+        self.seed = seed
         self.policy_version = 0
         on_gpu = torch.cuda.is_available()
         engine_args: dict[str, Any] = dict(
@@ -69,7 +79,8 @@ class RolloutWorker:
         self.llm = LLM(**engine_args)
 
     def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
-        """Sample `n_samples_per_prompt` responses for each prompt; `groups[i]` is prompt i's ticket (group id).
+        """Sample `n_samples_per_prompt` responses for each prompt; `groups[i]` is prompt i's ticket (group id),
+        from which its request's seed is derived.
 
         Returns samples prompt-major: the G responses of prompts[0], then of prompts[1], ..., each stamped with the
         policy version this engine serves.
@@ -83,9 +94,11 @@ class RolloutWorker:
         # once at the end. Flat log-probs hold one float per position (logprobs=0: the sampled token's) instead of a
         # dict per position.
         detokenize = bool(s.stop)
-        params = SamplingParams(n=self.cfg.n_samples_per_prompt, temperature=s.temperature, top_p=s.top_p,
-                                top_k=s.top_k, max_tokens=s.max_new_tokens, stop=s.stop or None, logprobs=0,
-                                flat_logprobs=True, detokenize=detokenize)
+        # One seed per request (see request_seed): a sample is the same whichever engine draws it.
+        params = [SamplingParams(n=self.cfg.n_samples_per_prompt, temperature=s.temperature, top_p=s.top_p,
+                                 top_k=s.top_k, max_tokens=s.max_new_tokens, stop=s.stop or None, logprobs=0,
+                                 flat_logprobs=True, detokenize=detokenize, seed=request_seed(self.seed, ticket))
+                  for ticket in groups]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p.prompt_ids) for p in prompts], params,
                                     use_tqdm=False)
         out = Rollouts([], [], [], [], [], [], [])
