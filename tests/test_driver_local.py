@@ -141,6 +141,10 @@ def test_a_rollout_actor_that_dies_mid_chunk_is_replaced_and_its_prompts_sent_ag
     out = capsys.readouterr().out
     assert "rollout actor rollout-0 died (ActorLost); starting a replacement" in out
     assert "rollout actor rollout-0 (replacement 1) serves policy version" in out
+    if loop == ("loop.mode=sync",):  # the replacement drew the lost prompts' samples with their own seeds
+        whole = local_config(tmp_path / "whole", tiny_model_dir, *loop, "data.shuffle=false")
+        train(whole, rollout_worker=HFRolloutWorker)
+        assert outcome(rows(cfg), also=("faults/",)) == outcome(rows(whole), also=("faults/",))
 
 
 def test_an_engine_that_dies_in_a_weight_push_is_replaced_with_the_current_weights(tmp_path, tiny_model_dir,
@@ -198,6 +202,11 @@ def test_a_learner_that_dies_is_recovered_from_the_newest_checkpoint(tmp_path, t
     # Steps 3 and 4 were trained again on the same prompts (step 3's update happened; it was not checkpointed).
     assert trained_groups == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [8, 9, 10, 11], [12, 13, 14, 15],
                               [16, 17, 18, 19]]
+    if loop == ("loop.mode=sync",):  # redone from the checkpoint with the same seeds: as if nothing had failed
+        whole = local_config(tmp_path / "whole", tiny_model_dir, *loop, "run.steps=5", "run.checkpoint_every=2",
+                             "data.shuffle=false")
+        train(whole, rollout_worker=HFRolloutWorker)
+        assert outcome(rows(cfg), also=("faults/",)) == outcome(rows(whole), also=("faults/",))
 
 
 def test_a_learner_that_dies_without_a_checkpoint_ends_the_run_saying_how_to_keep_one(tmp_path, tiny_model_dir,
@@ -217,9 +226,9 @@ def test_a_learner_that_dies_before_any_step_is_not_recovered(tmp_path, tiny_mod
 TIMING = ("time/", "throughput/", "rollout/tokens_per_s", "sync/bytes_per_s", "idle/")
 
 
-def outcome(rows_: list[dict]) -> list[dict]:
-    """A run's rows without the figures that measure time."""
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows_]
+def outcome(rows_: list[dict], also: tuple[str, ...] = ()) -> list[dict]:
+    """A run's rows without the figures that measure time (nor those starting with `also`)."""
+    return [{k: v for k, v in r.items() if not k.startswith((*TIMING, *also))} for r in rows_]
 
 
 def test_the_same_seed_gives_the_same_run_with_any_number_of_engines(tmp_path, tiny_model_dir):
