@@ -53,8 +53,14 @@ class Lines:
 
 
 def engines(driver: int) -> list[psutil.Process]:
+    def title(p: psutil.Process) -> list[str]:
+        try:
+            return p.cmdline()
+        except psutil.Error:  # exited (or a zombie) while we looked
+            return []
+
     return [p for p in psutil.Process(driver).children(recursive=True)
-            if any(part.startswith("ray::RolloutWorker") for part in p.cmdline())]
+            if any(part.startswith("ray::RolloutWorker") for part in title(p))]
 
 
 def run_with_kills(args: argparse.Namespace, out: Path) -> tuple[Lines, list[dict]]:

@@ -93,7 +93,11 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
                 run_roles(job, backend, found, startup, stop, rollout_worker)
                 break
             except RoleDied as died:
+                if stop.signal is not None:  # stopping: no restart; the error says what happened
+                    raise died.error from None
                 found = recovery_point(job, died, began)
+                if found is None:
+                    break
                 startup = PhaseTimer()
     run.summary(job.history)  # after the actors are gone, so their last log lines do not trail it
     if stop.signal is not None and job.last_step < cfg.run.steps:  # a signal during the last step: it finished
@@ -120,7 +124,8 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
         job.roles = roles
         job.producer = Producer(roles.rollout, job.stream, cfg.reward, prompts_per_step=cfg.rollout.prompts_per_step,
                                 max_staleness=cfg.max_staleness, chunk_prompts=cfg.rollout.chunk_prompts,
-                                dynamic_sampling=cfg.rollout.dynamic_sampling, load_weights=roles.sync.push_one,
+                                dynamic_sampling=cfg.rollout.dynamic_sampling,
+                                load_weights=roles.sync.push_one if roles.sync.replaceable else None,
                                 recovery=cfg.cluster.recovery, version=job.last_step)
         job.producer.lost_in_push(first_push.lost)
         try:
@@ -134,11 +139,20 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
             if stop.signal is not None and job.checkpointed < job.last_step:
                 save_checkpoint(job)
         except Exception as err:
-            # Asked before the roles are ended: afterwards every actor is dead.
-            dead = [g.name(i) for g in (roles.learner, roles.reference) if g is not None for i in g.dead()]
-            if dead or backend.lost(err):
+            dead = dead_actors(roles, err)
+            if dead is not None:
                 raise RoleDied(dead, err) from err
             raise
+
+
+def dead_actors(roles: Roles, error: Exception) -> list[str] | None:
+    """When `error` ended the loop: the learner and reference actors that are dead (asked before the roles are
+    ended: afterwards every actor is), [] if only the error says that an actor died, None if none did."""
+    try:
+        dead = [g.name(i) for g in (roles.learner, roles.reference) if g is not None for i in g.dead()]
+    except Exception:  # noqa: BLE001 - the question must not hide the error it is asked about
+        dead = []
+    return dead if dead or roles.backend.lost(error) else None
 
 
 class RoleDied(Exception):
@@ -149,12 +163,13 @@ class RoleDied(Exception):
         self.names, self.error = names, error
 
 
-def recovery_point(job: Job, died: RoleDied, began: int) -> Path:
+def recovery_point(job: Job, died: RoleDied, began: int) -> Path | None:
     """The checkpoint to continue from after `died` ended the roles started at step `began` + 1, within
-    `cluster.recovery.max_recoveries`. Raises the original error when no step was trained since the roles started
-    (a failure at start-up would only recur), and a clear one when there is no checkpoint or budget left."""
+    `cluster.recovery.max_recoveries` (None: it is the final step's, nothing is left to train). Raises the original
+    error when no step was trained since the roles started (a failure at start-up would only recur), and a clear
+    one when there is no checkpoint or budget left."""
     if job.last_step == began:
-        raise died.error
+        raise died.error from None
     who, budget = ", ".join(died.names) or "an actor", job.cfg.cluster.recovery.max_recoveries
     if job.recoveries >= budget:
         raise RuntimeError(f"{who} died in step {job.last_step + 1}; the run has recovered from a checkpoint "
@@ -167,10 +182,12 @@ def recovery_point(job: Job, died: RoleDied, began: int) -> Path:
         raise RuntimeError(f"{who} died in step {job.last_step + 1} and the run has no checkpoint to recover from: "
                            f"set run.checkpoint_every to let a run survive a learner or reference failure. The "
                            f"error: {died.error}") from died.error
-    failed = job.last_step + 1
+    failed, step = job.last_step + 1, checkpoint.driver_state(found)["step"]
+    if step >= job.cfg.run.steps:
+        print(f"{who} died after the final checkpoint (step {step}): the run is complete")
+        return None
     job.recoveries += 1
     job.recovered += 1
-    step = checkpoint.driver_state(found)["step"]
     del job.history[max(0, len(job.history) - (job.last_step - step)):]  # rows are in step order, one per step
     job.last_step = job.checkpointed = step
     job.timer.pop()  # the phases of the step that failed

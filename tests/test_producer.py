@@ -7,7 +7,7 @@ from distrl.cluster.group import ActorLost, Done, LocalGroup
 from distrl.cluster.producer import Producer, default_chunk
 from distrl.config import RecoveryConfig, RewardConfig
 from distrl.data import PromptStream
-from distrl.types import Prompt
+from distrl.types import Prompt, Rollouts
 
 
 @pytest.mark.parametrize("prompts,actors,k,chunk", [
@@ -42,3 +42,28 @@ def test_a_death_reported_twice_replaces_the_actor_once():
     assert producer.idle == [0] and producer.stats.rollout_restarts == 1
     with pytest.raises(RuntimeError, match=r"rollout actor rollout-1 \(replacement 1\) died; it died 2 times"):
         producer.lost(1, 1, ActorLost("killed again"))
+
+
+class Echo:
+    """A rollout worker that answers "2" to every prompt, once (n = 1)."""
+
+    def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
+        k = len(prompts)
+        return Rollouts(prompt_ids=[p.prompt_ids for p in prompts], response_ids=[[3]] * k,
+                        rollout_logprobs=[[-0.5]] * k, response_texts=["2"] * k, finish_reasons=["stop"] * k,
+                        group=list(groups), policy_version=[0] * k).validate()
+
+
+def test_a_chunk_that_returns_after_its_engine_was_replaced_does_not_hand_the_engine_out_twice():
+    """A push finds engine 0 dead while a chunk it finished is not yet collected: the chunk's samples are kept,
+    and engine 0 is handed out again once, by its replacement."""
+    group: LocalGroup = LocalGroup("rollout", LocalBackend(), lambda i, incarnation: Echo(), 1)
+    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(4)], seed=0, shuffle=False)
+    producer = Producer(group, stream, RewardConfig(), prompts_per_step=2, max_staleness=0, chunk_prompts=None,
+                        dynamic_sampling=None, load_weights=lambda i: Done(0), recovery=RecoveryConfig())
+    producer._admit()  # the chunk is done (local calls run at once) but not yet collected
+    producer.lost_in_push({0: (0, ActorLost("killed in load_weights"))})
+    batch, stats = producer.next_batch(step=1)
+    assert sorted(batch.rollouts.group) == [0, 1] and stats.rollout_restarts == 1
+    assert stats.redispatched_prompts == 0  # its samples came back before it died
+    assert producer.idle.count(0) <= 1

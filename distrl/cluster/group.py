@@ -93,6 +93,15 @@ class ActorGroup(ABC, Generic[W]):
     def dead(self) -> list[int]:
         """The workers whose process is gone. A worker still busy with a call counts as alive."""
 
+    def lost(self, index: int, error: BaseException) -> bool:
+        """Whether `error`, raised by a call to worker `index`, says that this worker's process is gone: not that
+        the call raised, nor that another actor whose result it took died (learner 0, whose weights a push
+        carries, fails every engine's load with its own death)."""
+        return self.backend.lost(error) and self._names(index, error)
+
+    def _names(self, index: int, error: BaseException) -> bool:
+        return True
+
     @abstractmethod
     def call(self, index: int, method: Callable, *args: Any, **kwargs: Any) -> Any:
         """`method(*args, **kwargs)` on worker `index`; handles among `args` are resolved first."""
@@ -136,18 +145,24 @@ class RayGroup(ActorGroup[W]):
 
     def dead(self, timeout: float = 10.0) -> list[int]:
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import RayActorError
 
         pings = [worker.__ray_ready__.remote() for worker in self.workers]
+        # A dead actor's ping fails at once; a busy one's waits behind its call (one at a time), so one bounded
+        # wait for all of them, and those still pending count as alive.
+        done, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout)
         gone = []
         for i, ping in enumerate(pings):
-            try:
-                ray.get(ping, timeout=timeout)
-            except RayActorError:  # a dead actor answers at once
-                gone.append(i)
-            except GetTimeoutError:
-                pass  # queued behind a call (one at a time): alive
+            if ping in done:
+                try:
+                    ray.get(ping)
+                except RayActorError:
+                    gone.append(i)
         return gone
+
+    def _names(self, index: int, error: BaseException) -> bool:
+        actor_id = getattr(error, "actor_id", None)
+        return actor_id is None or actor_id == self.workers[index]._actor_id.hex()
 
 
 class LocalGroup(ActorGroup[W]):

@@ -98,11 +98,12 @@ def default_chunk(prompts_per_step: int, actors: int, max_staleness: int) -> int
 class Producer:
     """Keeps `actors` busy with chunks of `stream`'s prompts; `next_batch(step)` returns `prompts_per_step`
     scored groups usable at `step` under the staleness bound `max_staleness`. `load_weights(i)` loads the
-    learners' current weights into actor i alone and returns a handle resolving to the version it then serves."""
+    learners' current weights into actor i alone and returns a handle resolving to the version it then serves
+    (None: engines cannot be replaced, as with NCCL weight sync; a dead one ends the run)."""
 
     def __init__(self, actors: ActorGroup[RolloutWorker], stream: PromptStream, reward: RewardConfig, *,
                  prompts_per_step: int, max_staleness: int, chunk_prompts: int | None,
-                 dynamic_sampling: DynamicSamplingConfig | None, load_weights: Callable[[int], Any],
+                 dynamic_sampling: DynamicSamplingConfig | None, load_weights: Callable[[int], Any] | None,
                  recovery: RecoveryConfig, version: int = 0):
         self.actors, self.backend, self.stream, self.reward = actors, actors.backend, stream, reward
         self.load_weights, self.recovery = load_weights, recovery
@@ -114,7 +115,8 @@ class Producer:
         self.scoring: dict[Any, _Chunk] = {}  # reward task handle -> its chunk (generated, rewards pending)
         self.ready: list[ScoredRollouts] = []  # scored groups, one per prompt
         self.redo: deque[tuple[int, Prompt]] = deque()  # (ticket, prompt) of chunks lost with their actor
-        self.replacing: dict[Any, tuple[int, float]] = {}  # weight-load handle -> (actor, when it was replaced)
+        # weight-load handle -> (actor, its incarnation, when it was replaced)
+        self.replacing: dict[Any, tuple[int, int, float]] = {}
         self._deaths: dict[int, deque[float]] = {i: deque() for i in range(len(actors))}
         self.idle = list(range(len(actors)))
         self.stats = BatchStats()
@@ -159,14 +161,17 @@ class Producer:
         try:
             chunk.rollouts = part = self.backend.get(handle)
         except Exception as err:
-            if not self.backend.lost(err):
+            if not self.actors.lost(chunk.actor, err):
                 raise
             self.redo.extend(zip(chunk.tickets, chunk.prompts, strict=True))
             self.stats.redispatched_prompts += len(chunk.prompts)
             self.lost(chunk.actor, chunk.incarnation, err)
             return
-        self.idle.append(chunk.actor)
-        self._idle_since[chunk.actor] = time.perf_counter()
+        if chunk.incarnation == self.actors.incarnations[chunk.actor]:
+            # Otherwise the actor that generated it was replaced meanwhile (a push found it dead): the replacement
+            # becomes idle once it serves.
+            self.idle.append(chunk.actor)
+            self._idle_since[chunk.actor] = time.perf_counter()
         by_ticket = dict(zip(chunk.tickets, chunk.prompts, strict=True))
         items = [(by_ticket[g].text, text, reward_sample(by_ticket[g]))
                  for g, text in zip(part.group, part.response_texts, strict=True)]
@@ -183,6 +188,11 @@ class Producer:
         if incarnation != self.actors.incarnations[actor]:
             return
         name, r = self.actors.name(actor), self.recovery
+        if self.load_weights is None:
+            raise RuntimeError(f"rollout actor {name} died, and a new engine cannot join the NCCL weight-sync group "
+                               f"of the running ones: in-job replacement needs cluster.weight_sync=object_store "
+                               f"(continue from the newest checkpoint with --set run.resume=true). Its error: "
+                               f"{error}") from error
         now = time.monotonic()
         deaths = self._deaths[actor]
         deaths.append(now)
@@ -200,7 +210,7 @@ class Producer:
               f"(restart {len(deaths)} of {r.max_restarts} allowed within {r.window_s:g} s), "
               f"{len(self.redo)} prompts to re-dispatch", flush=True)
         self.actors.restart(actor)
-        self.replacing[self.load_weights(actor)] = (actor, time.perf_counter())
+        self.replacing[self.load_weights(actor)] = (actor, self.actors.incarnations[actor], time.perf_counter())
         self.stats.rollout_restarts += 1
 
     def lost_in_push(self, lost: dict[int, tuple[int, BaseException]]) -> None:
@@ -209,17 +219,17 @@ class Producer:
             self.lost(actor, incarnation, error)
 
     def _on_replaced(self, handle: Any) -> None:
-        actor, since = self.replacing.pop(handle)
+        actor, incarnation, since = self.replacing.pop(handle)
+        assert self.load_weights is not None
         try:
             version = self.backend.get(handle)
         except Exception as err:
-            if not self.backend.lost(err):
-                raise RuntimeError(f"rollout actor {self.actors.name(actor)}: the replacement could not load the "
-                                   f"weights: {err}") from err
-            self.lost(actor, self.actors.incarnations[actor], err)
+            if not self.actors.lost(actor, err):  # its own death is recovered; learner 0's is not the engine's
+                raise
+            self.lost(actor, incarnation, err)
             return
         if version < self.version:  # a push went out while it started, without it: load the newer weights
-            self.replacing[self.load_weights(actor)] = (actor, since)
+            self.replacing[self.load_weights(actor)] = (actor, incarnation, since)
             return
         print(f"rollout actor {self.actors.name(actor)} serves policy version {version}, "
               f"{time.perf_counter() - since:.1f} s after it was replaced", flush=True)
@@ -227,7 +237,7 @@ class Producer:
 
     def starting(self) -> set[int]:
         """Actors being replaced: weight pushes leave them out (they load the weights when they are ready)."""
-        return {actor for actor, _ in self.replacing.values()}
+        return {actor for actor, _, _ in self.replacing.values()}
 
     def _on_scored(self, chunk: _Chunk) -> None:
         scores, errors, last = rewards.collect(self.backend, chunk.scoring)

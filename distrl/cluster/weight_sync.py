@@ -75,7 +75,7 @@ class WeightSync(ABC):
             try:
                 version = self.backend.get(handle)
             except Exception as err:
-                if not self.backend.lost(err):
+                if not self.rollouts.lost(i, err):
                     raise
                 lost[i] = (pending.incarnations[i], err)
                 continue
@@ -84,21 +84,25 @@ class WeightSync(ABC):
                                    f"{pending.version}")
         return SyncStats(time.perf_counter() - pending.started, self.total_bytes, lost)
 
+    replaceable = True
+    """Whether a new engine can take a dead one's place (`push_one`)."""
+
     def push_one(self, index: int) -> Any:
         """Load learner 0's current weights into rollout actor `index` alone (a replacement); returns a handle that
         resolves to the version it then serves. The version is learner 0's own count of updates, asked in the same
         queue as the weights, so it names exactly the weights sent even while an update is in flight."""
-        version = self.learners.call(0, Learner.weights_version)
-        buckets = [self.learners.call(0, Learner.weight_bucket, spec, self.dtype) for spec in self.specs]
-        return self.rollouts.call(index, RolloutWorker.load_weights, version, *buckets)
+        return self._transfer(self.learners.call(0, Learner.weights_version), [index])[0]
 
     @abstractmethod
-    def _transfer(self, version: int, to: list[int]) -> list[Any]:
-        """Start the transfer to engines `to`; returns one handle per engine resolving to the version it serves."""
+    def _transfer(self, version: Any, to: list[int]) -> list[Any]:
+        """Start the transfer to engines `to`; returns one handle per engine resolving to the version it serves.
+        `version` is a number or a handle resolving to one."""
 
 
 class ObjectStoreSync(WeightSync):
-    def _transfer(self, version: int, to: list[int]) -> list[Any]:
+    def _transfer(self, version: Any, to: list[int]) -> list[Any]:
+        if not to:  # every engine is being replaced: each loads the weights when it is ready
+            return []
         # Top-level ObjectRef arguments are resolved by Ray before the call: each bucket object is created once by
         # learner 0 and read from shared memory by every rollout actor on the node.
         buckets = [self.learners.call(0, Learner.weight_bucket, spec, self.dtype) for spec in self.specs]
@@ -117,12 +121,12 @@ class NcclSync(WeightSync):
                  *[rollouts.call(i, RolloutWorker.nccl_connect, host, port, i + 1, world)
                    for i in range(len(rollouts))]])
 
-    def push_one(self, index: int) -> Any:
-        raise RuntimeError(f"{self.rollouts.name(index)} died, and a new engine cannot join the NCCL weight-sync "
-                           f"group of the running ones: in-job recovery needs cluster.weight_sync=object_store "
-                           f"(resume the run from its newest checkpoint with --set run.resume=true)")
+    replaceable = False  # a new engine cannot join the NCCL group of the running ones
 
-    def _transfer(self, version: int, to: list[int]) -> list[Any]:
+    def push_one(self, index: int) -> Any:
+        raise RuntimeError("an engine cannot join a running NCCL weight-sync group")
+
+    def _transfer(self, version: Any, to: list[int]) -> list[Any]:
         # A broadcast needs every rank: an engine being replaced cannot be left out (push_one refuses to replace).
         assert len(to) == len(self.rollouts), "an NCCL push goes to every engine"
         sent = self.learners.call(0, Learner.nccl_send, self.specs, self.dtype)
