@@ -8,12 +8,14 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from distrl import config
 from distrl.cluster.producer import reward_sample
 from distrl.cluster.roles import actor_env, role_threads, sampling_seed
 from distrl.run_dir import RunDir
 from distrl.types import Prompt, Rollouts, ScoredRollouts
+from distrl.workers.device import granted_device
 from distrl.workers.learner import merge_metrics
 from distrl.workers.rollout import request_seed
 from tests.test_checkpoint import saved
@@ -214,6 +216,21 @@ def test_actor_threads_follow_reserved_cpus_unless_set():
     assert actor_env("reference", c)["OMP_NUM_THREADS"] == "1"  # fractional: one thread
     learner = actor_env("learner", c)
     assert learner["OMP_NUM_THREADS"] == "2" and learner["TOKENIZERS_PARALLELISM"] == "true"  # actor_env wins
+
+
+
+def test_a_role_granted_no_gpu_sees_none_and_one_granted_a_gpu_needs_cuda():
+    c = config.from_dict({"model": {"path": "m"}, "data": {"path": "d"},
+                          "cluster": {"learner": {"num_gpus": 1}}})
+    # On a GPU node a GPU build of vLLM or torch would otherwise take GPU 0; Ray names the granted ones itself.
+    assert actor_env("rollout", c)["CUDA_VISIBLE_DEVICES"] == ""
+    assert "CUDA_VISIBLE_DEVICES" not in actor_env("learner", c)
+    assert granted_device(0, "reference") == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match=r"the learner actor was granted 1 GPU \(cluster\.learner\.num_gpus\) "
+                                               r"but CUDA does not work in its process .* set "
+                                               r"cluster\.learner\.num_gpus to 0"):
+            granted_device(1, "learner")
 
 
 def test_synchronous_roles_take_turns_on_every_core_of_the_embedded_cluster(monkeypatch):

@@ -31,9 +31,12 @@ class Roles:
 
 
 def actor_env(role: str, cfg: Config, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of the actors of `role` (rollout, learner, reference): its thread count, then `extra` (the
-    role's own), then `cluster.actor_env`."""
+    """Environment of the actors of `role` (rollout, learner, reference): its thread count, no visible GPU when it
+    was granted none (else a GPU build of vLLM or torch would take GPU 0 of a GPU node), then `extra` (the role's
+    own), then `cluster.actor_env`."""
     env = {"OMP_NUM_THREADS": str(role_threads(role, cfg)), "TOKENIZERS_PARALLELISM": "false"}
+    if getattr(cfg.cluster, role).num_gpus == 0:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return {**env, **(extra or {}), **cfg.cluster.actor_env}
 
 
@@ -98,19 +101,21 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
         rollout_worker, "rollout", c.rollout, placements["rollout"], run_name=name,
         env=actor_env("rollout", cfg, ENGINE_ENV),
         init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.data.max_prompt_tokens,
-                                                       seed=sampling_seed(cfg))))
+                                                       seed=sampling_seed(cfg), num_gpus=c.rollout.num_gpus)))
     groups.append(rollout)
     learner = backend.group(
         Learner, "learner", c.learner, placements["learner"], run_name=name, env=actor_env("learner", cfg),
         init=lambda i: ((cfg.model, cfg.learner, cfg.loss), dict(
             temperature=temperature, norm_len=cfg.loss.norm_len or cfg.rollout.sampling.max_new_tokens,
-            mini_batch_size=cfg.mini_batch_size, total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed)))
+            mini_batch_size=cfg.mini_batch_size, total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed,
+            num_gpus=c.learner.num_gpus)))
     groups.append(learner)
     reference = None
     if cfg.needs_reference:
         reference = backend.group(
             ReferenceWorker, "reference", c.reference, placements["reference"], run_name=name,
-            env=actor_env("reference", cfg), init=lambda i: ((cfg.reference, cfg.model), dict(temperature=temperature)))
+            env=actor_env("reference", cfg),
+            init=lambda i: ((cfg.reference, cfg.model), dict(temperature=temperature, num_gpus=c.reference.num_gpus)))
         groups.append(reference)
     if isinstance(learner, RayGroup):  # the local backend holds one learner, which needs no process group
         host = learner.node_ip(0)

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 
 
-def init_process_group(master_addr: str, master_port: int, rank: int, world_size: int) -> str:
-    """Join the learners' group (gloo on CPU, NCCL on GPU); returns the backend."""
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+def init_process_group(master_addr: str, master_port: int, rank: int, world_size: int, device: str) -> str:
+    """Join the learners' group (gloo for learners on the CPU, NCCL on the GPU); returns the backend."""
+    backend = "nccl" if device == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
                             world_size=world_size)
     return backend

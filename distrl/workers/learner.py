@@ -19,6 +19,7 @@ from distrl.algo import LossInputs, compute_loss
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
 from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist, nccl
+from distrl.workers.device import granted_device
 from distrl.workers.model import DTYPES, load_causal_lm, response_logprobs, score_in_micro_batches
 from distrl.workers.optim import build_optimizer
 
@@ -60,12 +61,12 @@ class Learner:
     """Trains the policy. With M learners, each holds a full replica and receives 1/M of every mini-batch."""
 
     def __init__(self, model: ModelConfig, cfg: LearnerConfig, loss: LossConfig, *, temperature: float,
-                 norm_len: int, mini_batch_size: int, total_optimizer_steps: int, seed: int):
+                 norm_len: int, mini_batch_size: int, total_optimizer_steps: int, seed: int, num_gpus: float = 0.0):
         torch.manual_seed(seed)
         self.cfg, self.loss_cfg = cfg, loss
         self.temperature, self.norm_len = temperature, norm_len
         self.global_mini_batch_size = mini_batch_size
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = granted_device(num_gpus, "learner")
         # Master weights and optimizer state stay float32; a lower learner.dtype is the autocast compute dtype
         # (pure bf16 weights would round most Adam updates of size ~lr away).
         self.model = load_causal_lm(model, "float32", device=self.device)
@@ -85,7 +86,7 @@ class Learner:
     # ------------------------------------------------------------------------------------------ data parallelism
     def connect(self, master_addr: str, master_port: int, rank: int, world_size: int) -> str:
         """Join the learners' process group; returns the backend (gloo on CPU, NCCL on GPU)."""
-        return dist.init_process_group(master_addr, master_port, rank, world_size)
+        return dist.init_process_group(master_addr, master_port, rank, world_size, self.device)
 
     # ------------------------------------------------------------------------------------------------- scoring
     def logprobs(self, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:

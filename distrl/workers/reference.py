@@ -6,16 +6,17 @@ import torch
 
 from distrl.config import ModelConfig, ReferenceConfig
 from distrl.types import Sequences
+from distrl.workers.device import granted_device
 from distrl.workers.model import load_causal_lm, score_in_micro_batches
 
 
 class ReferenceWorker:
     """`logprobs(batch) -> [B, T]`: reference log-probs of the response tokens, temperature-scaled as the learner's."""
 
-    def __init__(self, cfg: ReferenceConfig, model: ModelConfig, temperature: float):
+    def __init__(self, cfg: ReferenceConfig, model: ModelConfig, temperature: float, num_gpus: float = 0.0):
         self.cfg = cfg
         self.temperature = temperature
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = granted_device(num_gpus, "reference")
         self.model = load_causal_lm(model, cfg.dtype, path=cfg.path, device=device).requires_grad_(False)
         self.device = device
 

@@ -19,6 +19,7 @@ import torch
 
 from distrl.config import ModelConfig, RolloutConfig
 from distrl.types import Prompt, Rollouts
+from distrl.workers.device import granted_device
 from distrl.workers.model import resolve_model_path
 
 if TYPE_CHECKING:
@@ -50,7 +51,8 @@ def request_seed(seed: int, ticket: int) -> int:
 class RolloutWorker:
     """Generates `n` responses per prompt; `load_weights` swaps the weights in place and bumps `policy_version`."""
 
-    def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int):
+    def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
+                 num_gpus: float = 0.0):
         for key, value in ENGINE_ENV.items():
             os.environ.setdefault(key, value)
         from vllm import LLM
@@ -59,7 +61,7 @@ class RolloutWorker:
         self.cfg = cfg
         self.seed = seed
         self.policy_version = 0
-        on_gpu = torch.cuda.is_available()
+        on_gpu = granted_device(num_gpus, "rollout") == "cuda"
         engine_args: dict[str, Any] = dict(
             model=resolve_model_path(model),
             tokenizer=model.tokenizer,
