@@ -350,6 +350,10 @@ class ClusterConfig(Section):
     Ray object store."""
     sync_bucket_bytes: int = Field(default=64 * 2**20, gt=0)
     """Weights travel in buckets of about this many bytes."""
+    sync_timeout_s: float = Field(default=1800.0, gt=0.0)
+    """A weight push that has not reached every engine this many seconds after it started ends the run with an
+    error naming the engines (and, with NCCL, learner 0's broadcast) instead of waiting for ever: a hung engine, or a
+    collective waiting for a dead peer. In the asynchronous loop a push waits behind the chunk each engine runs."""
     actor_env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for every actor."""
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)

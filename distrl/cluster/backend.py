@@ -44,8 +44,9 @@ class Backend(ABC):
         node lost) is run again up to `max_retries` times; an exception that `fn` raises is never retried."""
 
     @abstractmethod
-    def get(self, handles: Any) -> Any:
-        """The value of a handle, or the list of values of a list of handles; raises what the call raised."""
+    def get(self, handles: Any, timeout: float | None = None) -> Any:
+        """The value of a handle, or the list of values of a list of handles; raises what the call raised, or
+        TimeoutError when `timeout` seconds pass first."""
 
     @abstractmethod
     def wait(self, handles: Sequence[Any], timeout: float | None = None) -> tuple[list[Any], list[Any]]:
@@ -83,7 +84,7 @@ class LocalBackend(Backend):
         except Exception as err:  # noqa: BLE001 - handed back like a Ray task error, raised by `get`
             return Done(error=err)
 
-    def get(self, handles: Any) -> Any:
+    def get(self, handles: Any, timeout: float | None = None) -> Any:  # local calls are done: nothing to wait for
         if isinstance(handles, list):
             return [self.get(h) for h in handles]
         if handles.error is not None:
@@ -166,10 +167,10 @@ class RayBackend(Backend):
         return self._remote_fns[fn].options(num_cpus=num_cpus, max_retries=max_retries,
                                             retry_exceptions=False).remote(*args)
 
-    def get(self, handles: Any) -> Any:
+    def get(self, handles: Any, timeout: float | None = None) -> Any:
         import ray
 
-        return ray.get(handles)
+        return ray.get(handles, timeout=timeout)  # GetTimeoutError is a TimeoutError
 
     def wait(self, handles: Sequence[Any], timeout: float | None = None) -> tuple[list[Any], list[Any]]:
         import ray

@@ -49,9 +49,9 @@ class WeightSync(ABC):
     a time, in submission order), so it switches versions between two generation chunks."""
 
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
-                 bucket_bytes: int):
+                 bucket_bytes: int, timeout_s: float = 1800.0):
         self.learners, self.rollouts = learners, rollouts
-        self.dtype = dtype
+        self.dtype, self.timeout_s = dtype, timeout_s
         self.backend = learners.backend
         self.specs = self.backend.get(learners.call(0, Learner.weight_specs, bucket_bytes, dtype))
         item = torch.empty((), dtype=DTYPES[dtype]).element_size()
@@ -71,9 +71,14 @@ class WeightSync(ABC):
         """Wait until every engine serves `pending.version`; the stats time the push from its start. An engine that
         died is not an error here: it is listed in `SyncStats.lost`, for the producer to replace."""
         lost: dict[int, tuple[int, BaseException]] = {}
+        deadline = pending.started + self.timeout_s
         for i, handle in pending.handles.items():
             try:
-                version = self.backend.get(handle)
+                version = self.backend.get(handle, timeout=max(0.0, deadline - time.perf_counter()))
+            except TimeoutError as err:
+                raise RuntimeError(f"weight sync: {self.rollouts.name(i)} has not loaded the weights of version "
+                                   f"{pending.version} within cluster.sync_timeout_s = {self.timeout_s:g} s of the "
+                                   f"push's start") from err
             except Exception as err:
                 if not self.rollouts.lost(i, err):
                     raise
@@ -111,8 +116,8 @@ class ObjectStoreSync(WeightSync):
 
 class NcclSync(WeightSync):
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
-                 bucket_bytes: int):
-        super().__init__(learners, rollouts, dtype, bucket_bytes)
+                 bucket_bytes: int, timeout_s: float = 1800.0):
+        super().__init__(learners, rollouts, dtype, bucket_bytes, timeout_s)
         assert isinstance(learners, RayGroup), "NCCL weight sync needs Ray actors on GPUs"
         host = learners.node_ip(0)
         port = self.backend.get(learners.call(0, Learner.free_port, host))
@@ -131,12 +136,32 @@ class NcclSync(WeightSync):
         assert len(to) == len(self.rollouts), "an NCCL push goes to every engine"
         sent = self.learners.call(0, Learner.nccl_send, self.specs, self.dtype)
         received = self.rollouts.map(RolloutWorker.nccl_receive, version, self.specs, self.dtype)
-        self.backend.get(sent)
+        self._broadcast_done(sent, received)
         return received
 
+    def _broadcast_done(self, sent: Any, received: list[Any]) -> None:
+        """Wait for learner 0's broadcast, watching the receivers: a receiver that fails (a dead engine leaves the
+        broadcast waiting for ever) or a broadcast past `timeout_s` ends the run, naming who did not finish."""
+        deadline = time.perf_counter() + self.timeout_s
+        waiting = {sent: "learner 0's broadcast", **{h: self.rollouts.name(i) for i, h in enumerate(received)}}
+        while sent in waiting:
+            done, _ = self.backend.wait(list(waiting), timeout=max(0.0, deadline - time.perf_counter()))
+            if not done:
+                raise RuntimeError(f"weight sync (NCCL): not finished within cluster.sync_timeout_s = "
+                                   f"{self.timeout_s:g} s: {', '.join(waiting.values())}")
+            for handle in done:
+                who = waiting.pop(handle)
+                try:
+                    self.backend.get(handle)
+                except Exception as err:
+                    raise RuntimeError(f"weight sync (NCCL): {who} failed during a broadcast, which cannot go on "
+                                       f"without it (engines cannot be replaced with NCCL sync; continue from the "
+                                       f"newest checkpoint with --set run.resume=true): {err}") from err
 
-def make_weight_sync(kind: str, learners, rollouts, dtype: str, bucket_bytes: int, gpus: bool) -> WeightSync:
+
+def make_weight_sync(kind: str, learners, rollouts, dtype: str, bucket_bytes: int, gpus: bool,
+                     timeout_s: float = 1800.0) -> WeightSync:
     """`kind` is cluster.weight_sync: auto picks NCCL when both roles have GPUs."""
     if kind == "nccl" or (kind == "auto" and gpus):
-        return NcclSync(learners, rollouts, dtype, bucket_bytes)
-    return ObjectStoreSync(learners, rollouts, dtype, bucket_bytes)
+        return NcclSync(learners, rollouts, dtype, bucket_bytes, timeout_s)
+    return ObjectStoreSync(learners, rollouts, dtype, bucket_bytes, timeout_s)
