@@ -38,7 +38,7 @@ test-fast: install lint
 	$(PY) -m pytest tests -m "not e2e"
 
 bench: install
-	$(PY) bench/bench_rollout.py && $(PY) bench/bench_step.py && $(PY) bench/bench_token_logprobs.py
+	$(PY) bench/bench_rollout.py && $(PY) bench/bench_step.py && $(PY) bench/bench_token_logprobs.py && $(PY) bench/bench_faults.py
 
 clean:
 	rm -rf $(VENV) runs artifacts
