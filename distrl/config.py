@@ -320,6 +320,9 @@ class RecoveryConfig(Section):
     the window ends the run, naming the actor and its last error. 0: a dead rollout actor ends the run."""
     window_s: float = Field(default=3600.0, gt=0.0)
     """Seconds over which `max_restarts` is counted."""
+    start_timeout_s: float = Field(default=900.0, gt=0.0)
+    """A replacement that does not serve this many seconds after it was started ends the run, naming it: its
+    placement bundle may have no node left to run on, or its engine hangs while starting."""
     max_recoveries: int = Field(default=2, ge=0)
     """Times the run may recover from its newest checkpoint when a learner or reference actor dies (every role is
     started again; the steps after the checkpoint are redone). Needs checkpoints (`run.checkpoint_every`);

@@ -67,3 +67,24 @@ def test_a_chunk_that_returns_after_its_engine_was_replaced_does_not_hand_the_en
     assert sorted(batch.rollouts.group) == [0, 1] and stats.rollout_restarts == 1
     assert stats.redispatched_prompts == 0  # its samples came back before it died
     assert producer.idle.count(0) <= 1
+
+
+class NeverReady(LocalBackend):
+    """A local backend on which a call whose value is "never" does not finish."""
+
+    def wait(self, handles, timeout=None):
+        done = [h for h in handles if not (isinstance(h, Done) and h.value == "never")]
+        return done, [h for h in handles if h not in done]
+
+
+def test_a_replacement_that_never_serves_ends_the_run_naming_it():
+    group: LocalGroup = LocalGroup("rollout", NeverReady(), lambda i, incarnation: Echo(), 1)
+    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(4)], seed=0, shuffle=False)
+    producer = Producer(group, stream, RewardConfig(), prompts_per_step=2, max_staleness=0, chunk_prompts=None,
+                        dynamic_sampling=None, load_weights=lambda i: Done("never"),
+                        recovery=RecoveryConfig(start_timeout_s=0.05))
+    producer.lost(0, 0, ActorLost("killed"))
+    with pytest.raises(RuntimeError, match=r"rollout actor rollout-0 \(replacement 1\) does not serve \d+ s after it "
+                                           r"was replaced \(cluster\.recovery\.start_timeout_s = 0\.05\): its "
+                                           r"placement bundle may have no node"):
+        producer.next_batch(step=1)

@@ -235,6 +235,23 @@ class Producer:
               f"{time.perf_counter() - since:.1f} s after it was replaced", flush=True)
         self.idle.append(actor)
 
+    def _until_a_start_is_late(self) -> float | None:
+        """Seconds until the earliest replacement is past `recovery.start_timeout_s` (None: none is starting)."""
+        if not self.replacing:
+            return None
+        first = min(since for _, _, since in self.replacing.values())
+        return max(0.0, first + self.recovery.start_timeout_s - time.perf_counter())
+
+    def _check_starts(self) -> None:
+        now = time.perf_counter()
+        for actor, _, since in self.replacing.values():
+            if now - since >= self.recovery.start_timeout_s:
+                raise RuntimeError(
+                    f"rollout actor {self.actors.name(actor)} does not serve {now - since:.0f} s after it was "
+                    f"replaced (cluster.recovery.start_timeout_s = {self.recovery.start_timeout_s:g}): its placement "
+                    f"bundle may have no node to run on (a lost node and no capacity left), or its engine hangs "
+                    f"while starting")
+
     def starting(self) -> set[int]:
         """Actors being replaced: weight pushes leave them out (they load the weights when they are ready)."""
         return {actor for actor, _, _ in self.replacing.values()}
@@ -270,7 +287,9 @@ class Producer:
         if not waiting:
             raise RuntimeError("the producer has nothing in flight and no room to admit a chunk; the staleness "
                                "bound leaves no batch to generate")
-        done, _ = self.backend.wait(waiting)
+        done, _ = self.backend.wait(waiting, timeout=self._until_a_start_is_late())
+        if not done:  # only a replacement's time limit ends a wait early
+            self._check_starts()
         for handle in done:
             if handle in self.in_flight:
                 self._on_generated(handle)
