@@ -241,17 +241,17 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
     """Wait for the reference and old log-probs (the engines keep generating meanwhile), compute advantages:
     the complete `TrainBatch` of `step`, and its advantage, staleness and per-staleness correction metrics.
     `time/reference` and `time/old_logprobs` are the waits for each in turn."""
-    get, cfg = job.roles.backend.get, job.cfg
+    cfg = job.cfg
     with job.timer("reference"):
-        job.producer.wait_for(ref or [])
+        ref_parts = job.producer.wait_for(ref or [])
         job.reference_clock.stop()
-        ref_logprobs = torch.cat(get(ref)) if ref else None
+        ref_logprobs = torch.cat(ref_parts) if ref else None
     old_logprobs: torch.Tensor | None = None  # taken by the update from its own forward pass
     with job.timer("old_logprobs"):
         if old:
-            job.producer.wait_for(old)
+            old_parts = job.producer.wait_for(old)
             job.learner_clock.stop()
-            old_logprobs = torch.cat(get(old))
+            old_logprobs = torch.cat(old_parts)
         elif cfg.algorithm.old_logprobs == "rollout":
             old_logprobs = sequences.rollout_logprobs
     with job.timer("advantages"):
@@ -284,9 +284,9 @@ def start_update(job: Job, batch: TrainBatch) -> list[Any]:
 def finish_update(job: Job, handles: list[Any], batch: TrainBatch, step: int) -> dict[str, float]:
     """Wait for the update of `step` on `batch` (the engines keep generating meanwhile); metrics merged over
     learners, and the correction by staleness where the update took the old log-probs from its own forward pass."""
-    job.producer.wait_for(handles)
+    results = job.producer.wait_for(handles)
     job.learner_clock.stop()
-    metrics = merge_metrics(job.roles.backend.get(handles))
+    metrics = merge_metrics(results)
     if batch.old_logprobs is None:
         # One mini-batch: learner k's shard is the k-th contiguous block of rows (TrainBatch.shard).
         old = torch.cat(job.roles.backend.get(job.roles.learner.map(Learner.proximal_logprobs)))

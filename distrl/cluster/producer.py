@@ -302,13 +302,19 @@ class Producer:
                     self._on_scored(chunk)
         return [h for h in done if any(h is a for a in also)]
 
-    def wait_for(self, handles: list[Any]) -> None:
-        """Keep the engines busy while waiting for `handles` (e.g. the learners' update)."""
-        pending = list(handles)
+    def wait_for(self, handles: list[Any]) -> list[Any]:
+        """Keep the engines busy while waiting for `handles` (e.g. the learners' update); returns their values, in
+        order. Each is fetched as it comes, so a failed call ends the wait at once: its peers may be blocked
+        waiting for it."""
+        values: list[Any] = [None] * len(handles)
+        pending = list(enumerate(handles))
         while pending:
-            done = self._step(pending)
-            self.backend.get(done)  # a failed call ends the wait at once: its peers may be blocked waiting for it
-            pending = [h for h in pending if not any(h is d for d in done)]
+            done = self._step([h for _, h in pending])
+            for i, h in pending:
+                if any(h is d for d in done):
+                    values[i] = self.backend.get(h)
+            pending = [(i, h) for i, h in pending if not any(h is d for d in done)]
+        return values
 
     # -------------------------------------------------------------------------------------------------- batches
     def next_batch(self, step: int) -> tuple[ScoredRollouts, BatchStats]:

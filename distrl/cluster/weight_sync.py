@@ -49,7 +49,7 @@ class WeightSync(ABC):
     a time, in submission order), so it switches versions between two generation chunks."""
 
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
-                 bucket_bytes: int, timeout_s: float = 1800.0):
+                 bucket_bytes: int, timeout_s: float):
         self.learners, self.rollouts = learners, rollouts
         self.dtype, self.timeout_s = dtype, timeout_s
         self.backend = learners.backend
@@ -116,7 +116,7 @@ class ObjectStoreSync(WeightSync):
 
 class NcclSync(WeightSync):
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
-                 bucket_bytes: int, timeout_s: float = 1800.0):
+                 bucket_bytes: int, timeout_s: float):
         super().__init__(learners, rollouts, dtype, bucket_bytes, timeout_s)
         assert isinstance(learners, RayGroup), "NCCL weight sync needs Ray actors on GPUs"
         host = learners.node_ip(0)
@@ -160,7 +160,7 @@ class NcclSync(WeightSync):
 
 
 def make_weight_sync(kind: str, learners, rollouts, dtype: str, bucket_bytes: int, gpus: bool,
-                     timeout_s: float = 1800.0) -> WeightSync:
+                     timeout_s: float) -> WeightSync:
     """`kind` is cluster.weight_sync: auto picks NCCL when both roles have GPUs."""
     if kind == "nccl" or (kind == "auto" and gpus):
         return NcclSync(learners, rollouts, dtype, bucket_bytes, timeout_s)
