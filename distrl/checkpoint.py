@@ -123,6 +123,13 @@ def write(directory: str | Path, model, learner_state: dict, driver: dict) -> Pa
     return final
 
 
+def seen_digest(path: str | Path) -> str | None:
+    """SHA-256 of the file at `path` as this process's node sees it, None if it has none there. Learner 0 writes
+    the checkpoints and the driver reads them: the driver compares this digest of a file it wrote in the run
+    directory with its own to show they share the storage."""
+    return _sha256(Path(path)) if Path(path).is_file() else None
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:

@@ -115,6 +115,8 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
     cfg, first = job.cfg, job.last_step + 1
     with started_roles(cfg, backend, rollout_worker) as roles:
         with startup("actors"):  # until every engine serves the first weights
+            if cfg.run.checkpoint_every or cfg.run.checkpoint_at_end:
+                check_shared_run_dir(job.run, roles)
             restore(found, job, roles)
             first_push = roles.sync.push(version=job.last_step)
         stop.check("the actors' start")
@@ -321,6 +323,19 @@ def save_checkpoint(job: Job) -> Path:
                                                  job.cfg.run.keep_checkpoints))
     job.checkpointed = job.last_step
     return path
+
+
+def check_shared_run_dir(run: RunDir, roles: Roles) -> None:
+    """Learner 0 writes the checkpoints on its node and the driver resumes from them: refuse to train unless it sees
+    the run directory the driver made (its config.yaml, byte for byte)."""
+    config = run.path / "config.yaml"
+    seen = roles.backend.get(roles.learner.call(0, Learner.seen_digest, str(config)))
+    if seen != checkpoint.seen_digest(config):
+        raise preflight.PreflightError([
+            f"run.output_dir: learner 0 does not see the run directory {run.path} that the driver made (its "
+            f"config.yaml is {'missing' if seen is None else 'different'} on learner 0's node), so the driver could "
+            f"not resume from the checkpoints learner 0 writes. Put run.output_dir on storage that the driver and "
+            f"every learner mount at the same path (NFS, a Kubernetes PVC: see deploy/)"])
 
 
 def resume_point(run: RunDir) -> Path | None:

@@ -34,6 +34,10 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
 PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 
 
+# Set by Ray's job supervisor in the environment of a job's entrypoint (`ray job submit -- distrl train ...`).
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
 class PreflightError(ValueError):
     """The config is valid but the run cannot start; `problems` holds one line per problem, each naming its field."""
 
@@ -201,7 +205,16 @@ def _reward(reward: RewardConfig, problems: list[str]) -> None:
 
 
 def _run_dir(run: RunConfig, problems: list[str]) -> None:
-    """RUN_DIR can be made (or is a directory) and written, and holds no run that resume/overwrite do not cover."""
+    """RUN_DIR can be made (or is a directory) and written, and holds no run that resume/overwrite do not cover;
+    in a Ray job, `run.output_dir` is absolute."""
+    if os.environ.get(RAY_JOB_ENV) and not Path(run.output_dir).is_absolute():
+        # The job's working directory is a temporary copy per node: checkpoints written there by learner 0 are
+        # invisible to the driver (a resume would find none) and are deleted with the job.
+        problems.append(f"run.output_dir: '{run.output_dir}' is relative, and in a Ray job it would resolve inside "
+                        f"each node's temporary copy of the working directory ({Path.cwd()} here), where the "
+                        f"driver cannot see learner 0's checkpoints and the job's end deletes them. Set an absolute "
+                        f"path on storage every node mounts, e.g. --set run.output_dir=/shared/runs")
+        return
     path = Path(run.output_dir) / run.name
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():

@@ -84,7 +84,8 @@ class RunDir:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.path = Path(cfg.run.output_dir) / cfg.run.name
+        # Absolute: the paths handed to actors (checkpoints) must not depend on their working directories.
+        self.path = Path(cfg.run.output_dir).absolute() / cfg.run.name
         self._made_dirs, self._made = self._claim()
         self.bar = None
         try:

@@ -139,6 +139,19 @@ def test_an_unwritable_output_dir(tiny_model_dir, toy_dataset, tmp_path):
                      f"{locked / 'runs' / 'r'} would be"]
 
 
+def test_a_ray_job_needs_an_absolute_output_dir(tiny_model_dir, toy_dataset, tmp_path, monkeypatch):
+    """In a Ray job the working directory is a per-node temporary copy: a relative run.output_dir would hide learner
+    0's checkpoints from the driver and lose them with the job."""
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.chdir(tmp_path)
+    found = problems(make_cfg(tiny_model_dir, toy_dataset, tmp_path, run={"output_dir": "runs"}))
+    assert len(found) == 1 and found[0].startswith("run.output_dir: 'runs' is relative, and in a Ray job"), found
+    assert "--set run.output_dir=/shared/runs" in found[0]
+    check(make_cfg(tiny_model_dir, toy_dataset, tmp_path))  # absolute: fine
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    check(make_cfg(tiny_model_dir, toy_dataset, tmp_path, run={"output_dir": "runs"}))  # outside a job: fine
+
+
 def test_every_problem_is_reported_at_once(tiny_model_dir, toy_dataset, tmp_path):
     cfg = make_cfg(tiny_model_dir, toy_dataset, tmp_path, data={"path": str(tmp_path / "none.jsonl")},
                    reward={"function": "nowhere:x"}, rollout={"max_model_len": 4096})

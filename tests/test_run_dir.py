@@ -10,9 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from distrl import config
+from distrl import checkpoint, config
 from distrl.cluster.producer import reward_sample
 from distrl.cluster.roles import actor_env, role_threads, sampling_seed
+from distrl.driver import check_shared_run_dir
+from distrl.preflight import PreflightError
 from distrl.run_dir import RunDir
 from distrl.types import Prompt, Rollouts, ScoredRollouts
 from distrl.workers.device import granted_device
@@ -184,6 +186,29 @@ def test_a_failed_start_removes_only_what_it_created(tmp_path):
     beside = RunDir(cfg(tmp_path, ("name", "other")))
     beside.close()
     assert not beside.path.exists() and tmp_path.is_dir()  # output_dir was there before: it stays
+
+
+def test_the_run_directory_is_absolute_whatever_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = RunDir(cfg(tmp_path, ("output_dir", "runs")))
+    assert run.path == tmp_path / "runs" / "run" and run.path.is_absolute()
+    run.close()
+
+
+@pytest.mark.parametrize("seen", ["missing", "different", "same"])
+def test_training_needs_learner_0_to_see_the_drivers_run_directory(tmp_path, seen):
+    """The driver resumes from what learner 0 writes: storage not shared between them is refused at the start."""
+    run = RunDir(cfg(tmp_path))
+    digest = {"missing": None, "different": "0" * 64, "same": checkpoint.seen_digest(run.path / "config.yaml")}
+    roles = SimpleNamespace(backend=SimpleNamespace(get=lambda value: value),
+                            learner=SimpleNamespace(call=lambda i, method, path: digest[seen]))
+    if seen == "same":
+        check_shared_run_dir(run, roles)
+    else:
+        with pytest.raises(PreflightError, match=rf"run\.output_dir: learner 0 does not see the run directory "
+                                                 rf"{run.path} .*config\.yaml is {seen} on learner 0's node"):
+            check_shared_run_dir(run, roles)
+    run.close()
 
 
 def test_a_directory_without_steps_is_not_a_run(tmp_path):

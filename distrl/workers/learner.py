@@ -252,6 +252,10 @@ class Learner:
         checkpoint.prune(path.parent.parent, keep)  # on this node, where the files are
         return str(path)
 
+    def seen_digest(self, path: str) -> str | None:
+        """`checkpoint.seen_digest` on this learner's node, where its checkpoints are written."""
+        return checkpoint.seen_digest(path)
+
     def load_checkpoint(self, directory: str) -> None:
         """Continue from the checkpoint in `directory`: weights, optimizer, scheduler and step counters."""
         checkpoint.load_model(directory, self.model)
