@@ -357,6 +357,10 @@ class ClusterConfig(Section):
     """A weight push that has not reached every engine this many seconds after it started ends the run with an
     error naming the engines (and, with NCCL, learner 0's broadcast) instead of waiting for ever: a hung engine, or a
     collective waiting for a dead peer. In the asynchronous loop a push waits behind the chunk each engine runs."""
+    verify_weights: bool = True
+    """After every weight push, each engine checks a fingerprint of the weights it serves (every row of every tensor
+    at a fixed sample of columns, read through its own kernels) against learner 0's, and a mismatch ends the run
+    naming the engine and the first tensor that differs. Costs a few milliseconds per push on small models."""
     actor_env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for every actor."""
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)

@@ -12,6 +12,7 @@ from distrl import config
 from distrl.cluster.group import ActorLost
 from distrl.cluster.producer import default_chunk
 from distrl.driver import train
+from distrl.workers.fingerprint import WeightMismatch
 from distrl.workers.rewards import RewardError
 from tests.dying_rollout import dying
 from tests.hf_rollout import HFRolloutWorker
@@ -229,6 +230,21 @@ TIMING = ("time/", "throughput/", "rollout/tokens_per_s", "sync/bytes_per_s", "i
 def outcome(rows_: list[dict], also: tuple[str, ...] = ()) -> list[dict]:
     """A run's rows without the figures that measure time (nor those starting with `also`)."""
     return [{k: v for k, v in r.items() if not k.startswith((*TIMING, *also))} for r in rows_]
+
+
+class DropsATensor(HFRolloutWorker):
+    """An engine whose weight loading silently leaves one tensor as it was."""
+
+    def load_weights(self, version, *buckets):
+        kept = [{k: v for k, v in b.items() if k != "model.layers.1.mlp.up_proj.weight"} for b in buckets]
+        return super().load_weights(version, *kept)
+
+
+def test_an_engine_that_serves_other_weights_than_those_pushed_ends_the_run_naming_both(tmp_path, tiny_model_dir):
+    with pytest.raises(WeightMismatch, match=r"^rollout-0 serves weights other than learner 0's after loading "
+                                             r"version \d+: model\.layers\.1\.mlp\.up_proj\.weight differs .*; 1 of "
+                                             r"\d+ tensors differ"):
+        train(local_config(tmp_path, tiny_model_dir), rollout_worker=DropsATensor)
 
 
 def test_the_same_seed_gives_the_same_run_with_any_number_of_engines(tmp_path, tiny_model_dir):

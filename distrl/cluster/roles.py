@@ -123,5 +123,5 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
         backend.get([learner.call(i, Learner.connect, host, port, i, len(learner)) for i in range(len(learner))])
     gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
     sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes, gpus,
-                            c.sync_timeout_s)
+                            c.sync_timeout_s, c.verify_weights)
     return Roles(backend, rollout, learner, reference, sync)

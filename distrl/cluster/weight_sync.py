@@ -3,6 +3,9 @@
 `ObjectStoreSync` (CPU, or any cluster): learner 0 casts its weights to the rollout dtype bucket by bucket; each
 bucket is put in the Ray object store once and every rollout actor reads the same objects (one call per actor,
 not one per tensor). `NcclSync` (GPU): learner 0 broadcasts the buckets over a dedicated NCCL world.
+
+With `verify`, every load is followed by a check of the weights the engine then serves against learner 0's
+fingerprint of what it sent (`distrl.workers.fingerprint`): a push resolves only once its weights are verified.
 """
 
 from __future__ import annotations
@@ -49,9 +52,9 @@ class WeightSync(ABC):
     a time, in submission order), so it switches versions between two generation chunks."""
 
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
-                 bucket_bytes: int, timeout_s: float):
+                 bucket_bytes: int, timeout_s: float, verify: bool = True):
         self.learners, self.rollouts = learners, rollouts
-        self.dtype, self.timeout_s = dtype, timeout_s
+        self.dtype, self.timeout_s, self.verify = dtype, timeout_s, verify
         self.backend = learners.backend
         self.specs = self.backend.get(learners.call(0, Learner.weight_specs, bucket_bytes, dtype))
         item = torch.empty((), dtype=DTYPES[dtype]).element_size()
@@ -98,14 +101,25 @@ class WeightSync(ABC):
         queue as the weights, so it names exactly the weights sent even while an update is in flight."""
         return self._transfer(self.learners.call(0, Learner.weights_version), [index])[0]
 
-    @abstractmethod
     def _transfer(self, version: Any, to: list[int]) -> list[Any]:
-        """Start the transfer to engines `to`; returns one handle per engine resolving to the version it serves.
-        `version` is a number or a handle resolving to one."""
+        """Start the transfer to engines `to`; returns one handle per engine resolving to the version it serves
+        (once verified, with `verify`). `version` is a number or a handle resolving to one."""
+        loads = self._load(version, to)
+        if not self.verify or not to:
+            return loads
+        # Asked right after the weights themselves: learner 0 takes calls in order, so no update comes between.
+        expected = self.learners.call(0, Learner.weights_fingerprint, self.dtype)
+        # Each check takes its engine's load as an argument: it runs after the load, and a failed load fails it.
+        return [self.rollouts.call(i, RolloutWorker.check_weights, load, expected, self.rollouts.name(i))
+                for i, load in zip(to, loads, strict=True)]
+
+    @abstractmethod
+    def _load(self, version: Any, to: list[int]) -> list[Any]:
+        """Start loading learner 0's weights into engines `to`; one handle per engine, resolving to the version."""
 
 
 class ObjectStoreSync(WeightSync):
-    def _transfer(self, version: Any, to: list[int]) -> list[Any]:
+    def _load(self, version: Any, to: list[int]) -> list[Any]:
         if not to:  # every engine is being replaced: each loads the weights when it is ready
             return []
         # Top-level ObjectRef arguments are resolved by Ray before the call: each bucket object is created once by
@@ -116,8 +130,8 @@ class ObjectStoreSync(WeightSync):
 
 class NcclSync(WeightSync):
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
-                 bucket_bytes: int, timeout_s: float):
-        super().__init__(learners, rollouts, dtype, bucket_bytes, timeout_s)
+                 bucket_bytes: int, timeout_s: float, verify: bool = True):
+        super().__init__(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
         assert isinstance(learners, RayGroup), "NCCL weight sync needs Ray actors on GPUs"
         host = learners.node_ip(0)
         port = self.backend.get(learners.call(0, Learner.free_port, host))
@@ -131,7 +145,7 @@ class NcclSync(WeightSync):
     def push_one(self, index: int) -> Any:
         raise RuntimeError("an engine cannot join a running NCCL weight-sync group")
 
-    def _transfer(self, version: Any, to: list[int]) -> list[Any]:
+    def _load(self, version: Any, to: list[int]) -> list[Any]:
         # A broadcast needs every rank: an engine being replaced cannot be left out (push_one refuses to replace).
         assert len(to) == len(self.rollouts), "an NCCL push goes to every engine"
         sent = self.learners.call(0, Learner.nccl_send, self.specs, self.dtype)
@@ -160,8 +174,8 @@ class NcclSync(WeightSync):
 
 
 def make_weight_sync(kind: str, learners, rollouts, dtype: str, bucket_bytes: int, gpus: bool,
-                     timeout_s: float) -> WeightSync:
+                     timeout_s: float, verify: bool) -> WeightSync:
     """`kind` is cluster.weight_sync: auto picks NCCL when both roles have GPUs."""
     if kind == "nccl" or (kind == "auto" and gpus):
-        return NcclSync(learners, rollouts, dtype, bucket_bytes, timeout_s)
-    return ObjectStoreSync(learners, rollouts, dtype, bucket_bytes, timeout_s)
+        return NcclSync(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
+    return ObjectStoreSync(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)

@@ -18,8 +18,9 @@ from distrl import checkpoint
 from distrl.algo import LossInputs, compute_loss
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
 from distrl.types import Sequences, TrainBatch
-from distrl.workers import dist, nccl
+from distrl.workers import dist, fingerprint, nccl
 from distrl.workers.device import granted_device
+from distrl.workers.fingerprint import Fingerprint
 from distrl.workers.model import DTYPES, load_causal_lm, response_logprobs, score_in_micro_batches
 from distrl.workers.optim import build_optimizer
 
@@ -221,6 +222,10 @@ class Learner:
         state = self.model.state_dict()
         with torch.no_grad():
             return {name: state[name].detach().to("cpu", DTYPES[dtype]).contiguous() for name, _ in spec}
+
+    def weights_fingerprint(self, dtype: str) -> Fingerprint:
+        """Fingerprint of the exported weights as sent (cast to the rollout `dtype`), for the engines to check."""
+        return fingerprint.of_tensors(self.model.state_dict().items(), DTYPES[dtype])
 
     def free_port(self, host: str) -> int:
         """A free TCP port on `host` (this actor's node): the rendezvous of the learners' group and of the NCCL

@@ -20,6 +20,7 @@ import torch
 from distrl.config import ModelConfig, RolloutConfig
 from distrl.types import Prompt, Rollouts
 from distrl.workers.device import granted_device
+from distrl.workers.fingerprint import Fingerprint, WeightMismatch, columns, first_mismatch, of_sample, sample
 from distrl.workers.model import resolve_model_path
 
 if TYPE_CHECKING:
@@ -132,6 +133,17 @@ class RolloutWorker:
         self.policy_version = version
         return version
 
+    def check_weights(self, version: int, expected: Fingerprint, name: str) -> int:
+        """Compare the weights this engine (actor `name`) serves with learner 0's fingerprint `expected` of version
+        `version` (the push's load, resolved first); returns `version`. Raises WeightMismatch naming the engine and
+        the first tensor that differs."""
+        served = self.llm.apply_model(served_fingerprint)[0]  # one worker: tensor_parallel_size is 1
+        problem = first_mismatch(expected, served)
+        if problem:
+            raise WeightMismatch(f"{name} serves weights other than learner 0's after loading version {version}: "
+                                 f"{problem} (cluster.verify_weights=false turns this check off)")
+        return version
+
     def nccl_connect(self, host: str, port: int, rank: int, world_size: int) -> None:
         from distrl.workers import nccl
 
@@ -159,6 +171,50 @@ class RolloutWorker:
         return [[step[tok].logprob
                  for tok, step in zip(seq[prompt_len:], out.prompt_logprobs[prompt_len:], strict=True)]
                 for seq, out in zip(sequences, outputs, strict=True)]
+
+
+def served_fingerprint(model: torch.nn.Module) -> Fingerprint:
+    """Fingerprint (`distrl.workers.fingerprint`) of the weights vLLM model `model` serves, under the HF names they
+    were loaded from; runs inside the engine's worker.
+
+    A linear layer's weight (and the LM head's) is sampled through the layer's own GEMM on one-hot inputs: on CPU
+    vLLM packs it for oneDNN and drops the parameter, and on any device this reads what the kernel multiplies by.
+    Fused layers (`qkv_proj`, `gate_up_proj`) are split back into their HF tensors by the model's
+    `packed_modules_mapping` and the layer's output sizes. Embedding rows past the vocabulary (vLLM's padding) are
+    left out."""
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    packed: dict[str, list[str]] = getattr(model, "packed_modules_mapping", {})
+    out: Fingerprint = {}
+    with torch.no_grad():
+        for prefix, module in model.named_modules():
+            parent = prefix.rpartition(".")[0]
+            if isinstance(module, LinearBase | ParallelLMHead):
+                width = module.embedding_dim if isinstance(module, ParallelLMHead) else module.input_size_per_partition
+                picked = columns(width)
+                one_hot = torch.zeros(len(picked), width, dtype=module.weight.dtype, device=module.weight.device)
+                one_hot[torch.arange(len(picked)), picked.to(one_hot.device)] = 1
+                rows = module.quant_method.apply(module, one_hot).T  # [N, S]: W[:, picked]
+                if isinstance(module, ParallelLMHead):
+                    rows = rows[:module.num_embeddings]
+                leaf = prefix.rpartition(".")[2]
+                names = packed.get(leaf, [leaf])
+                sizes = getattr(module, "output_partition_sizes", [rows.shape[0]])
+                if len(names) != len(sizes):  # a fused layer under one HF name (e.g. Phi-3's qkv_proj)
+                    names, sizes = [leaf], [rows.shape[0]]
+                bias = getattr(module, "bias", None)
+                for i, (name, part) in enumerate(zip(names, rows.split(sizes), strict=True)):
+                    full = f"{parent}.{name}" if parent else name
+                    out[f"{full}.weight"] = of_sample(part)
+                    if bias is not None:
+                        out[f"{full}.bias"] = of_sample(sample(bias.split(sizes)[i]))
+                continue
+            for name, param in module.named_parameters(recurse=False):
+                if isinstance(module, VocabParallelEmbedding):
+                    param = param[:module.num_embeddings]  # noqa: PLW2901 - the same tensor without vLLM's padding
+                out[f"{prefix}.{name}" if prefix else name] = of_sample(sample(param))
+    return out
 
 
 def sampled_logprobs(logprobs: FlatLogprobs, n: int) -> list[float]:

@@ -9,6 +9,7 @@
 """
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from distrl.config import RecoveryConfig
 from distrl.data import PromptStream, load_prompts
 from distrl.driver import train
 from distrl.types import ScoredRollouts, Sequences, TrainBatch
+from distrl.workers.fingerprint import WeightMismatch
 from distrl.workers.learner import Learner, merge_metrics
 from distrl.workers.model import load_tokenizer
 from distrl.workers.reference import ReferenceWorker
@@ -141,6 +143,21 @@ class TestTwoRolloutActorsTwoLearners:
             (engine_lp,) = ray.get(roles.rollout.call(i, RolloutWorker.score, [prompt + response], len(prompt)))
             diff = (torch.tensor(engine_lp) - raw).abs().max().item()
             assert diff < 1e-4, f"rollout actor {i}: vLLM vs learner log-probs differ by {diff}"
+
+    def test_each_engine_proves_it_serves_learner_0s_weights(self, two_by_two):
+        """The fingerprint read through vLLM's own kernels (oneDNN-packed on CPU) equals learner 0's after a push,
+        and a fingerprint of other weights is refused, naming the engine and the tensor."""
+        cfg, roles = two_by_two
+        roles.sync.push(version=8)  # verify_weights is on: the push itself checks every engine
+        expected = ray.get(roles.learner.call(0, Learner.weights_fingerprint, cfg.rollout.dtype))
+        assert ray.get([roles.rollout.call(i, RolloutWorker.check_weights, 8, expected, roles.rollout.name(i))
+                        for i in range(len(roles.rollout))]) == [8, 8]
+        name = "model.layers.0.self_attn.k_proj.weight"
+        checksum, scale = expected[name]
+        other = {**expected, name: (checksum + 1e-6 * scale, scale)}
+        with pytest.raises(WeightMismatch, match=rf"{re.escape(roles.rollout.name(1))} serves weights other than "
+                                                 rf"learner 0's after loading version 8: {re.escape(name)} differs"):
+            ray.get(roles.rollout.call(1, RolloutWorker.check_weights, 8, other, roles.rollout.name(1)))
 
     def test_raising_reward_names_function_and_sample(self, two_by_two):
         cfg, roles = two_by_two

@@ -1,0 +1,80 @@
+"""Weight fingerprints: what a rollout engine proves about the weights it serves after a push.
+
+A fingerprint maps each HF tensor name to `(checksum, scale)`, computed from a fixed *sample* of the tensor: every
+row, at `SAMPLE_COLUMNS` fixed columns (all of a 1-D tensor). The sample is an `[N, S]` float64 matrix; the checksum
+weighs each entry by a fixed pseudo-random weight in [1, 2) that depends on its position, so a missing update, a
+tensor loaded into the wrong place, swapped rows or a stale bucket all change it; `scale` (the same sum over
+absolute values) sizes the tolerance.
+
+Both sides build the same sample from what they hold: learner 0 from its own weights cast to the rollout dtype (what
+it sent), the engine from its own parameters, or, for layers whose weights vLLM has repacked for its kernels (on
+CPU the packed oneDNN form replaces the parameter), by running the layer's own GEMM on one-hot inputs, which returns
+the sampled columns exactly as the kernel uses them. Equal inputs give bitwise-equal float64 sums; the tolerance
+(`RTOL` of `scale`) only absorbs summation order on other hardware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+SAMPLE_COLUMNS = 8
+RTOL = 1e-12
+
+Fingerprint = dict[str, tuple[float, float]]
+
+
+class WeightMismatch(RuntimeError):
+    """An engine serves weights other than those learner 0 pushed."""
+
+
+def columns(width: int) -> torch.Tensor:
+    """The fixed sample of column indices of a tensor `width` columns wide (all of them when there are few)."""
+    if width <= SAMPLE_COLUMNS:
+        return torch.arange(width)
+    generator = torch.Generator().manual_seed(width)
+    return torch.randperm(width, generator=generator)[:SAMPLE_COLUMNS].sort().values
+
+
+def sample(tensor: torch.Tensor) -> torch.Tensor:
+    """`[N, S]` sample of `tensor`: all of a 1-D `[N]` tensor as `[N, 1]`; dimensions after the first are flattened
+    into columns, of which `columns` picks S."""
+    if tensor.dim() <= 1:
+        return tensor.reshape(-1, 1)
+    rows = tensor.reshape(tensor.shape[0], -1)
+    return rows[:, columns(rows.shape[1]).to(rows.device)]
+
+
+def _position_weights(n: int, s: int) -> torch.Tensor:
+    """`[n, s]` float64 weights in [1, 2): a multiplicative hash of (row, column), the same on every machine."""
+    rows = torch.arange(n, dtype=torch.int64)[:, None] * 2654435761
+    cols = torch.arange(s, dtype=torch.int64)[None, :] * 2246822519
+    return 1.0 + ((rows + cols) % 65536).to(torch.float64) / 65536.0
+
+
+def of_sample(values: torch.Tensor) -> tuple[float, float]:
+    """(checksum, scale) of an `[N, S]` sample."""
+    values = values.detach().to("cpu", torch.float64)
+    weights = _position_weights(*values.shape)
+    return float((values * weights).sum()), float((values.abs() * weights).sum())
+
+
+def of_tensors(named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype) -> Fingerprint:
+    """Fingerprint of HF-named tensors as they are served in `dtype` (the learner's side: its weights as sent)."""
+    with torch.no_grad():
+        return {name: of_sample(sample(tensor).to(dtype)) for name, tensor in named}
+
+
+def first_mismatch(expected: Fingerprint, served: Fingerprint) -> str | None:
+    """None if `served` matches `expected` for every tensor of `expected`; otherwise what differs: the first tensor
+    (in `expected`'s order) that is missing or has another checksum, and how many differ."""
+    wrong = []
+    for name, (checksum, scale) in expected.items():
+        if name not in served:
+            wrong.append(f"{name} is not among the tensors it serves")
+        elif abs(served[name][0] - checksum) > RTOL * max(scale, served[name][1]):
+            wrong.append(f"{name} differs (checksum {served[name][0]:.17g}, learner 0's {checksum:.17g})")
+    if not wrong:
+        return None
+    return f"{wrong[0]}; {len(wrong)} of {len(expected)} tensors differ"
