@@ -357,6 +357,10 @@ class ClusterConfig(Section):
     """A weight push that has not reached every engine this many seconds after it started ends the run with an
     error naming the engines (and, with NCCL, learner 0's broadcast) instead of waiting for ever: a hung engine, or a
     collective waiting for a dead peer. In the asynchronous loop a push waits behind the chunk each engine runs."""
+    call_timeout_s: float = Field(default=3600.0, gt=0.0)
+    """An actor call or task that has not returned this many seconds after it was sent (a generation chunk, a reward
+    task, an update or log-prob pass, a checkpoint) ends the run with an error naming the actor and the call, instead
+    of a wait without end on a hung actor or a collective whose peer hangs. Set it above the longest such call."""
     verify_weights: bool = True
     """After every weight push, each engine checks a fingerprint of the weights it serves (every row of every tensor
     at a fixed sample of columns, read through its own kernels) against learner 0's, and a mismatch ends the run

@@ -20,6 +20,7 @@ from distrl import checkpoint, preflight
 from distrl.algo import metrics_by_staleness
 from distrl.batching import advantages, pad
 from distrl.cluster.backend import Backend, connect
+from distrl.cluster.group import ActorGroup
 from distrl.cluster.producer import BatchStats, Producer, staleness_metrics
 from distrl.cluster.roles import Roles, started_roles
 from distrl.cluster.weight_sync import SyncStats
@@ -128,7 +129,8 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
                                 max_staleness=cfg.max_staleness, chunk_prompts=cfg.rollout.chunk_prompts,
                                 dynamic_sampling=cfg.rollout.dynamic_sampling,
                                 load_weights=roles.sync.push_one if roles.sync.replaceable else None,
-                                recovery=cfg.cluster.recovery, version=job.last_step)
+                                recovery=cfg.cluster.recovery, call_timeout_s=cfg.cluster.call_timeout_s,
+                                version=job.last_step)
         job.producer.lost_in_push(first_push.lost)
         try:
             steps = stop.steps(job.run.progress(range(first, cfg.run.steps + 1)))
@@ -245,13 +247,13 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
     `time/reference` and `time/old_logprobs` are the waits for each in turn."""
     cfg = job.cfg
     with job.timer("reference"):
-        ref_parts = job.producer.wait_for(ref or [])
+        ref_parts = job.producer.wait_for(ref or [], calls(job.roles.reference, "log-probs", ref))
         job.reference_clock.stop()
         ref_logprobs = torch.cat(ref_parts) if ref else None
     old_logprobs: torch.Tensor | None = None  # taken by the update from its own forward pass
     with job.timer("old_logprobs"):
         if old:
-            old_parts = job.producer.wait_for(old)
+            old_parts = job.producer.wait_for(old, calls(job.roles.learner, "old log-probs", old))
             job.learner_clock.stop()
             old_logprobs = torch.cat(old_parts)
         elif cfg.algorithm.old_logprobs == "rollout":
@@ -286,12 +288,13 @@ def start_update(job: Job, batch: TrainBatch) -> list[Any]:
 def finish_update(job: Job, handles: list[Any], batch: TrainBatch, step: int) -> dict[str, float]:
     """Wait for the update of `step` on `batch` (the engines keep generating meanwhile); metrics merged over
     learners, and the correction by staleness where the update took the old log-probs from its own forward pass."""
-    results = job.producer.wait_for(handles)
+    results = job.producer.wait_for(handles, calls(job.roles.learner, "update", handles))
     job.learner_clock.stop()
     metrics = merge_metrics(results)
     if batch.old_logprobs is None:
         # One mini-batch: learner k's shard is the k-th contiguous block of rows (TrainBatch.shard).
-        old = torch.cat(job.roles.backend.get(job.roles.learner.map(Learner.proximal_logprobs)))
+        old = torch.cat(answer(job.roles, job.roles.learner.map(Learner.proximal_logprobs), "the learners' proximal "
+                               "log-probs", job.cfg.cluster.call_timeout_s))
         metrics.update(correction_by_staleness(job, batch.sequences, old, step))
     return metrics
 
@@ -315,12 +318,26 @@ def end_step(job: Job, step: int, scored: ScoredRollouts, produced: BatchStats, 
             save_checkpoint(job)
 
 
+def calls(group: ActorGroup | None, what: str, handles: list[Any] | None) -> list[str]:
+    """Names of the calls `handles` made on `group` one per actor (`map`, `map_shards`), for their time limit."""
+    return [f"{group.name(i)}'s {what}" for i in range(len(handles or []))] if group is not None else []
+
+
+def answer(roles: Roles, handles: Any, what: str, timeout_s: float) -> Any:
+    """The values of `handles`, or an error naming `what` if they have not all come within `timeout_s`."""
+    try:
+        return roles.backend.get(handles, timeout=timeout_s)
+    except TimeoutError as err:
+        raise TimeoutError(f"{what} has not returned within cluster.call_timeout_s = {timeout_s:g} s") from err
+
+
 def save_checkpoint(job: Job) -> Path:
     """Checkpoint the last finished step (learner 0 writes it and prunes the older ones)."""
     path = checkpoint.path_for(job.run.path, job.last_step)
-    job.roles.backend.get(job.roles.learner.call(0, Learner.save_checkpoint, str(path),
-                                                 {"step": job.last_step, "data": job.stream.state_dict()},
-                                                 job.cfg.run.keep_checkpoints))
+    answer(job.roles, job.roles.learner.call(0, Learner.save_checkpoint, str(path),
+                                             {"step": job.last_step, "data": job.stream.state_dict()},
+                                             job.cfg.run.keep_checkpoints),
+           f"{job.roles.learner.name(0)}'s checkpoint of step {job.last_step}", job.cfg.cluster.call_timeout_s)
     job.checkpointed = job.last_step
     return path
 
@@ -356,7 +373,8 @@ def restore(found: Path | None, job: Job, roles: Roles) -> None:
     """Load checkpoint `found` (if any; the job is at its step) into every learner and the prompt stream, and
     forget metrics rows logged after it."""
     if found:
-        roles.backend.get(roles.learner.map(Learner.load_checkpoint, str(found)))
+        answer(roles, roles.learner.map(Learner.load_checkpoint, str(found)), f"the learners' load of {found}",
+               job.cfg.cluster.call_timeout_s)
         job.stream.load_state_dict(checkpoint.driver_state(found)["data"])
         print(f"resumed from {found} (step {job.last_step})")
     job.run.forget_after(job.last_step)

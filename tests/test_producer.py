@@ -84,7 +84,36 @@ def test_a_replacement_that_never_serves_ends_the_run_naming_it():
                         dynamic_sampling=None, load_weights=lambda i: Done("never"),
                         recovery=RecoveryConfig(start_timeout_s=0.05))
     producer.lost(0, 0, ActorLost("killed"))
-    with pytest.raises(RuntimeError, match=r"rollout actor rollout-0 \(replacement 1\) does not serve \d+ s after it "
-                                           r"was replaced \(cluster\.recovery\.start_timeout_s = 0\.05\): its "
+    with pytest.raises(TimeoutError, match=r"rollout actor rollout-0 \(replacement 1\) does not serve within "
+                                           r"cluster\.recovery\.start_timeout_s = 0\.05 s of being replaced: its "
                                            r"placement bundle may have no node"):
         producer.next_batch(step=1)
+
+
+class Hangs(Echo):
+    """A rollout worker whose generation never returns."""
+
+    def generate(self, prompts: list[Prompt], groups: list[int]) -> str:
+        return "never"
+
+
+def hanging_producer(worker: type) -> Producer:
+    group: LocalGroup = LocalGroup("rollout", NeverReady(), lambda i, incarnation: worker(), 1)
+    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(4)], seed=0, shuffle=False)
+    return Producer(group, stream, RewardConfig(), prompts_per_step=2, max_staleness=0, chunk_prompts=None,
+                    dynamic_sampling=None, load_weights=lambda i: Done(0), recovery=RecoveryConfig(),
+                    call_timeout_s=0.05)
+
+
+def test_a_generation_that_never_returns_ends_the_run_naming_the_engine():
+    with pytest.raises(TimeoutError, match=r"^rollout-0's generation of 2 prompts has not returned within "
+                                           r"cluster\.call_timeout_s = 0\.05 s of being sent$"):
+        hanging_producer(Hangs).next_batch(step=1)
+
+
+def test_a_call_waited_for_that_never_returns_is_named():
+    """What the driver waits for while the engines generate (an update, log-probs) has the same bound."""
+    producer = hanging_producer(Echo)
+    assert producer.wait_for([Done(1), Done(2)], ["learner-0's update", "learner-1's update"]) == [1, 2]
+    with pytest.raises(TimeoutError, match=r"^learner-1's update has not returned within cluster\.call_timeout_s"):
+        producer.wait_for([Done(1), Done("never")], ["learner-0's update", "learner-1's update"])

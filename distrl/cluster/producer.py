@@ -20,6 +20,10 @@ before it takes a chunk (again, if a push it was left out of made them newer mea
 it held go first to the next chunks dispatched, keeping their tickets, so no prompt is lost or trained twice. At
 most `recovery.max_restarts` replacements of one actor within `recovery.window_s`; one more death ends the run
 with the actor's last error.
+
+Nothing is waited for without a bound: a generation chunk, a reward task or a call handed to `wait_for` that has
+not returned `call_timeout_s` after it was sent, or a replacement that does not serve within
+`recovery.start_timeout_s`, ends the run with an error naming it.
 """
 
 from __future__ import annotations
@@ -104,9 +108,9 @@ class Producer:
     def __init__(self, actors: ActorGroup[RolloutWorker], stream: PromptStream, reward: RewardConfig, *,
                  prompts_per_step: int, max_staleness: int, chunk_prompts: int | None,
                  dynamic_sampling: DynamicSamplingConfig | None, load_weights: Callable[[int], Any] | None,
-                 recovery: RecoveryConfig, version: int = 0):
+                 recovery: RecoveryConfig, call_timeout_s: float = 3600.0, version: int = 0):
         self.actors, self.backend, self.stream, self.reward = actors, actors.backend, stream, reward
-        self.load_weights, self.recovery = load_weights, recovery
+        self.load_weights, self.recovery, self.call_timeout_s = load_weights, recovery, call_timeout_s
         self.batch, self.k, self.filter = prompts_per_step, max_staleness, dynamic_sampling
         self.chunk = chunk_prompts or default_chunk(prompts_per_step, len(actors), max_staleness)
         self.version = version  # the newest weights pushed to the engines
@@ -117,6 +121,7 @@ class Producer:
         self.redo: deque[tuple[int, Prompt]] = deque()  # (ticket, prompt) of chunks lost with their actor
         # weight-load handle -> (actor, its incarnation, when it was replaced)
         self.replacing: dict[Any, tuple[int, int, float]] = {}
+        self.deadlines: dict[Any, tuple[float, str]] = {}  # handle waited for -> (perf_counter deadline, who is late)
         self._deaths: dict[int, deque[float]] = {i: deque() for i in range(len(actors))}
         self.idle = list(range(len(actors)))
         self.stats = BatchStats()
@@ -140,6 +145,7 @@ class Producer:
             tickets, prompts = [t for t, _ in drawn], [p for _, p in drawn]
             handle = self.actors.call(actor, RolloutWorker.generate, prompts, tickets)
             now = time.perf_counter()
+            self._due(handle, now, f"{self.actors.name(actor)}'s generation of {len(prompts)} prompts")
             self._idle_time += now - self._idle_since.pop(actor)
             self.in_flight[handle] = _Chunk(actor, self.actors.incarnations[actor], tickets, prompts)
 
@@ -179,8 +185,10 @@ class Producer:
         first = chunk.tickets[0] * (len(part) // len(chunk.tickets))
         chunk.scoring = rewards.submit(self.backend, self.reward, items, first_index=first)
         chunk.left = set(chunk.scoring)
+        now = time.perf_counter()
         for h in chunk.scoring:
             self.scoring[h] = chunk
+            self._due(h, now, f"a reward task of {self.reward.function} for {self.actors.name(chunk.actor)}'s chunk")
 
     def lost(self, actor: int, incarnation: int, error: BaseException) -> None:
         """Rollout actor `actor`, as it was at `incarnation`, is gone (`error`): replace it, unless that was done
@@ -210,7 +218,7 @@ class Producer:
               f"(restart {len(deaths)} of {r.max_restarts} allowed within {r.window_s:g} s), "
               f"{len(self.redo)} prompts to re-dispatch", flush=True)
         self.actors.restart(actor)
-        self.replacing[self.load_weights(actor)] = (actor, self.actors.incarnations[actor], time.perf_counter())
+        self._replace(actor, self.actors.incarnations[actor], time.perf_counter())
         self.stats.rollout_restarts += 1
 
     def lost_in_push(self, lost: dict[int, tuple[int, BaseException]]) -> None:
@@ -229,28 +237,36 @@ class Producer:
             self.lost(actor, incarnation, err)
             return
         if version < self.version:  # a push went out while it started, without it: load the newer weights
-            self.replacing[self.load_weights(actor)] = (actor, incarnation, since)
+            self._replace(actor, incarnation, since)
             return
         print(f"rollout actor {self.actors.name(actor)} serves policy version {version}, "
               f"{time.perf_counter() - since:.1f} s after it was replaced", flush=True)
         self.idle.append(actor)
 
-    def _until_a_start_is_late(self) -> float | None:
-        """Seconds until the earliest replacement is past `recovery.start_timeout_s` (None: none is starting)."""
-        if not self.replacing:
-            return None
-        first = min(since for _, _, since in self.replacing.values())
-        return max(0.0, first + self.recovery.start_timeout_s - time.perf_counter())
+    def _replace(self, actor: int, incarnation: int, since: float) -> None:
+        """Load the current weights into `actor`, replaced at `since`; it must serve within `start_timeout_s`."""
+        assert self.load_weights is not None
+        handle = self.load_weights(actor)
+        self.replacing[handle] = (actor, incarnation, since)
+        limit = self.recovery.start_timeout_s
+        self.deadlines[handle] = (since + limit, f"rollout actor {self.actors.name(actor)} does not serve within "
+                                  f"cluster.recovery.start_timeout_s = {limit:g} s of being replaced: its placement "
+                                  f"bundle may have no node to run on (a lost node and no capacity left), or its "
+                                  f"engine hangs while starting")
 
-    def _check_starts(self) -> None:
-        now = time.perf_counter()
-        for actor, _, since in self.replacing.values():
-            if now - since >= self.recovery.start_timeout_s:
-                raise RuntimeError(
-                    f"rollout actor {self.actors.name(actor)} does not serve {now - since:.0f} s after it was "
-                    f"replaced (cluster.recovery.start_timeout_s = {self.recovery.start_timeout_s:g}): its placement "
-                    f"bundle may have no node to run on (a lost node and no capacity left), or its engine hangs "
-                    f"while starting")
+    def _due(self, handle: Any, sent: float, what: str) -> None:
+        self.deadlines[handle] = (sent + self.call_timeout_s, f"{what} has not returned within "
+                                  f"cluster.call_timeout_s = {self.call_timeout_s:g} s of being sent")
+
+    def _check_deadlines(self, waiting: list[Any]) -> float | None:
+        """Raise if one of `waiting` is past its deadline; else the seconds until the first one is (None: none)."""
+        due = [self.deadlines[h] for h in waiting if h in self.deadlines]
+        if not due:
+            return None
+        deadline, what = min(due, key=lambda d: d[0])
+        if time.perf_counter() >= deadline:
+            raise TimeoutError(what)
+        return deadline - time.perf_counter()
 
     def starting(self) -> set[int]:
         """Actors being replaced: weight pushes leave them out (they load the weights when they are ready)."""
@@ -287,10 +303,11 @@ class Producer:
         if not waiting:
             raise RuntimeError("the producer has nothing in flight and no room to admit a chunk; the staleness "
                                "bound leaves no batch to generate")
-        done, _ = self.backend.wait(waiting, timeout=self._until_a_start_is_late())
-        if not done:  # only a replacement's time limit ends a wait early
-            self._check_starts()
+        done, _ = self.backend.wait(waiting, timeout=self._check_deadlines(waiting))
+        if not done:  # only a deadline ends a wait early
+            self._check_deadlines(waiting)
         for handle in done:
+            self.deadlines.pop(handle, None)
             if handle in self.in_flight:
                 self._on_generated(handle)
             elif handle in self.replacing:
@@ -302,12 +319,15 @@ class Producer:
                     self._on_scored(chunk)
         return [h for h in done if any(h is a for a in also)]
 
-    def wait_for(self, handles: list[Any]) -> list[Any]:
-        """Keep the engines busy while waiting for `handles` (e.g. the learners' update); returns their values, in
-        order. Each is fetched as it comes, so a failed call ends the wait at once: its peers may be blocked
-        waiting for it."""
+    def wait_for(self, handles: list[Any], what: list[str] | None = None) -> list[Any]:
+        """Keep the engines busy while waiting for `handles` (e.g. the learners' update; `what[i]` names call i in
+        the error if it has not returned within `call_timeout_s`); returns their values, in order. Each is fetched
+        as it comes, so a failed call ends the wait at once: its peers may be blocked waiting for it."""
         values: list[Any] = [None] * len(handles)
         pending = list(enumerate(handles))
+        now = time.perf_counter()
+        for i, h in pending:
+            self._due(h, now, what[i] if what else f"call {i + 1} of {len(handles)} waited for")
         while pending:
             done = self._step([h for _, h in pending])
             for i, h in pending:
