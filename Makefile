@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # pip's index of local mirrors prints one warning per package it does not hold; they are noise here.
 QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-# Prometheus for `make monitor`: one on PATH (apt-get install prometheus), else Debian's
+# Prometheus for `make monitor` and the monitoring test: one on PATH (apt-get install prometheus), else Debian's
 # package unpacked into .tools/ without installing it (apt as any user, the system untouched; ~10 s, once).
 PROMETHEUS ?= $(or $(shell command -v prometheus),$(CURDIR)/.tools/prometheus/usr/bin/prometheus)
 
@@ -36,8 +36,8 @@ lint: install
 	$(VENV)/bin/ruff check distrl tests bench
 	$(VENV)/bin/mypy distrl
 
-test: install lint
-	$(PY) -m pytest tests
+test: install lint $(PROMETHEUS)
+	PROMETHEUS=$(PROMETHEUS) $(PY) -m pytest tests
 
 test-fast: install lint
 	$(PY) -m pytest tests -m "not e2e"
