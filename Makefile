@@ -1,5 +1,6 @@
 # Two commands for a fresh machine: `make quickstart` (train the toy task) and `make test` (the whole suite).
 # Both create .venv idempotently: it is rebuilt only when pyproject.toml or the constraints change.
+# `make monitor` starts Prometheus (and Grafana, if installed) for the Ray clusters on this machine.
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 PYTHON ?= python3
@@ -10,7 +11,11 @@ STAMP := $(VENV)/.installed
 # pip's index of local mirrors prints one warning per package it does not hold; they are noise here.
 QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: install quickstart lint test test-fast bench clean
+# Prometheus for `make monitor` and the monitoring test: one on PATH (apt-get install prometheus), else Debian's
+# package unpacked into .tools/ without installing it (apt as any user, the system untouched; ~10 s, once).
+PROMETHEUS ?= $(or $(shell command -v prometheus),$(CURDIR)/.tools/prometheus/usr/bin/prometheus)
+
+.PHONY: install quickstart lint test test-fast bench monitor prometheus clean
 
 install: $(STAMP)
 
@@ -31,8 +36,8 @@ lint: install
 	$(VENV)/bin/ruff check distrl tests bench
 	$(VENV)/bin/mypy distrl
 
-test: install lint
-	$(PY) -m pytest tests
+test: install lint $(PROMETHEUS)
+	PROMETHEUS=$(PROMETHEUS) $(PY) -m pytest tests
 
 test-fast: install lint
 	$(PY) -m pytest tests -m "not e2e"
@@ -40,5 +45,14 @@ test-fast: install lint
 bench: install
 	$(PY) bench/bench_rollout.py && $(PY) bench/bench_step.py && $(PY) bench/bench_token_logprobs.py && $(PY) bench/bench_faults.py
 
+prometheus: $(PROMETHEUS)
+
+$(CURDIR)/.tools/prometheus/usr/bin/prometheus:
+	deploy/monitoring/fetch-prometheus.sh .tools/prometheus
+
+# Until Ctrl-C; the URLs are printed. Settings: deploy/monitoring/start.sh.
+monitor: $(PROMETHEUS)
+	PROMETHEUS=$(PROMETHEUS) deploy/monitoring/start.sh
+
 clean:
-	rm -rf $(VENV) runs artifacts
+	rm -rf $(VENV) runs artifacts .tools

@@ -60,6 +60,11 @@ class TensorBoardSink(Sink):
         self.writer.close()
 
 
+def gauge_name(key: str) -> str:
+    """The Ray gauge of metric `key`: `reward/mean` -> `distrl_reward_mean` (Prometheus: `ray_distrl_reward_mean`)."""
+    return "distrl_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
 class RayMetricsSink(Sink):
     """One `ray.util.metrics.Gauge` per key, created on first sight."""
 
@@ -74,8 +79,7 @@ class RayMetricsSink(Sink):
             if value is None or not math.isfinite(value):
                 continue
             if key not in self.gauges:
-                name = "distrl_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
-                self.gauges[key] = Gauge(name, description=f"distrl {key}", tag_keys=("run",))
+                self.gauges[key] = Gauge(gauge_name(key), description=f"distrl {key}", tag_keys=("run",))
             self.gauges[key].set(value, tags=self.tags)
 
 

@@ -1,6 +1,7 @@
 """Shared pieces of the end-to-end tests: real Ray (127.0.0.1 only), real vLLM CPU, the tiny model."""
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -61,6 +62,12 @@ def start_quickstart(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen,
             pytest.fail(f"no step logged; stderr:\n{proc.communicate()[1][-3000:]}")
         time.sleep(0.2)
     return proc, metrics
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def all_ended(procs, timeout: float) -> list[int]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, all_ended, cli_env, start_quickstart
+from .conftest import ROOT, all_ended, cli_env, free_port, start_quickstart
 
 
 def test_bad_config_fails_before_any_actor_starts(tmp_path):
@@ -63,12 +63,6 @@ def test_sigkill_of_the_driver_leaves_no_ray_process_behind(tmp_path):
     proc.communicate(timeout=30)
     running = all_ended(cluster, timeout=20)
     assert not running, [(p.pid, p.name()) for p in cluster if p.pid in running]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_status(url: str, token: str | None = None) -> int:
