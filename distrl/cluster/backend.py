@@ -1,18 +1,23 @@
 """Where the workers run: `RayBackend` (actors on a Ray cluster) or `LocalBackend` (instances in the driver's
 process). `cluster.backend` picks one; the driver sees only this interface, so its loop cannot tell them apart.
 
-`RayBackend` connects to Ray for the length of a run: an embedded local cluster of its own by default (bound to
-127.0.0.1, dashboard there unless `cluster.dashboard_host` says otherwise), or an existing one (a Ray job,
-`cluster.address`, `RAY_ADDRESS`). `close()` shuts down only what it started; an embedded cluster whose driver dies
-without `close()` (SIGKILL) is ended by `distrl.cluster.reaper`.
+`RayBackend` connects to Ray for the length of a run: an embedded local cluster of its own by default (every server
+on 127.0.0.1, the dashboard too unless `cluster.dashboard_host` says otherwise, token auth on: `loopback_cluster`),
+or an existing one (a Ray job, `cluster.address`, `RAY_ADDRESS`). `close()` shuts down only what it started; an
+embedded cluster whose driver dies without `close()` (SIGKILL) is ended by `distrl.cluster.reaper`.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import subprocess
+import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 from distrl.cluster import reaper
@@ -109,6 +114,7 @@ class RayBackend(Backend):
         self.owned = not ray.is_initialized()
         self._remote_fns: dict[Callable, Any] = {}
         self._reaper: subprocess.Popen | None = None
+        self._embedded = ExitStack()
         if not self.owned:
             self.description = "ray: using the session already initialised in this process"
         elif address:
@@ -117,11 +123,14 @@ class RayBackend(Backend):
         else:
             # address="local": a new cluster of our own even when `ray start` left one running on this machine
             # (without it Ray joins that one and refuses num_cpus).
+            token = self._embedded.enter_context(loopback_cluster())
             ctx = ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=True,
                            dashboard_host=cfg.dashboard_host, _node_ip_address="127.0.0.1")
             # Ends Ray's agents if this process dies without shutting the cluster down (SIGKILL, OOM killer).
             self._reaper = reaper.start(os.getpid())
-            self.description = f"ray: embedded cluster, dashboard at http://{ctx.dashboard_url or 'unavailable'}"
+            self.description = (f"ray: embedded cluster on 127.0.0.1, dashboard at "
+                                f"http://{ctx.dashboard_url or 'unavailable'}"
+                                + (f" (its token is in {token} while the run lasts)" if token else ""))
 
     def group(self, worker: type, role: str, resources: RoleResources, placement: Placement | None, *,
               run_name: str, init: Init, env: dict[str, str]) -> ActorGroup:
@@ -189,10 +198,51 @@ class RayBackend(Backend):
 
         if self.owned and ray.is_initialized():
             ray.shutdown()
+        self._embedded.close()
         if self._reaper is not None:
             self._reaper.terminate()
             self._reaper.wait(timeout=10)
             self._reaper = None
+
+
+@contextmanager
+def loopback_cluster() -> Iterator[Path | None]:
+    """Settings for an embedded cluster reachable from this machine only, behind a token that nothing keeps after
+    the run; undone on exit. Yields the token's file if the run made one (None: the user's own token is used).
+
+    - Ray turns a loopback node IP into the host's address (`resolve_ip_for_localhost`); its agents and metrics
+      exports then listen on that address or on every interface, and its gRPC servers on every interface. In its
+      single-machine mode (the one it runs on macOS and Windows) the node IP stays 127.0.0.1 and every server
+      listens there. Ray reads the switch when it is imported: the variable tells the processes the cluster starts,
+      the constant the Ray already imported here.
+    - `ray.init` turns token auth on and, when the user has no token, writes one to ~/.ray/auth_token, where it
+      outlives the run. Unless a token is set (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token), the run
+      makes its own in a private temporary directory, removed with the cluster."""
+    from ray._private import ray_constants
+
+    saved_env = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_TOKEN_PATH")}
+    saved_switch = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    directory = None
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+            or (Path.home() / ".ray" / "auth_token").is_file()):
+        directory = tempfile.mkdtemp(prefix="distrl-ray-token-")  # mode 0700
+        token = Path(directory) / "auth_token"
+        token.touch(mode=0o600)
+        token.write_text(secrets.token_hex(32))
+        os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    try:
+        yield Path(directory) / "auth_token" if directory else None
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_switch
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if directory:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def connect(cfg: ClusterConfig) -> Backend:
