@@ -1,5 +1,6 @@
 """Shared pieces of the end-to-end tests: real Ray (127.0.0.1 only), real vLLM CPU, the tiny model."""
 
+import json
 import os
 import socket
 import subprocess
@@ -62,6 +63,13 @@ def start_quickstart(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen,
             pytest.fail(f"no step logged; stderr:\n{proc.communicate()[1][-3000:]}")
         time.sleep(0.2)
     return proc, metrics
+
+
+def outcome(metrics: Path) -> list[dict]:
+    """A run's rows without the figures that measure time."""
+    timing = ("time/", "throughput/", "rollout/tokens_per_s", "sync/bytes_per_s", "idle/")
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(timing)}
+            for line in metrics.read_text().splitlines()]
 
 
 def free_port() -> int:

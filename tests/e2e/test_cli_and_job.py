@@ -1,5 +1,6 @@
 """The command line and Ray job paths: a bad config fails before any actor starts; SIGTERM finishes the step,
-checkpoints it and leaves no Ray process behind, nor does SIGKILL; `ray job submit` runs the
+checkpoints it and leaves no Ray process behind, nor does SIGKILL, after which a resume gives exactly the rows of
+a run that was never interrupted; `ray job submit` runs the
 quickstart against a local cluster that the test starts (token auth on, 127.0.0.1, its own HOME and temp dir) and
 stops, leaving any other cluster on the machine alone."""
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, all_ended, cli_env, free_port, start_quickstart
+from .conftest import ROOT, all_ended, cli_env, free_port, outcome, start_quickstart
 
 
 def test_bad_config_fails_before_any_actor_starts(tmp_path):
@@ -54,15 +55,29 @@ def test_sigterm_finishes_the_step_and_leaves_no_ray_process_behind(tmp_path):
     assert (tmp_path / "quickstart" / "checkpoints" / f"step_{steps[-1]:06d}" / "manifest.json").is_file()
 
 
-def test_sigkill_of_the_driver_leaves_no_ray_process_behind(tmp_path):
+def test_sigkill_of_the_driver_leaves_no_ray_process_behind_and_resume_gives_the_uninterrupted_rows(tmp_path):
     # Without distrl's reaper, Ray's dashboard and runtime-env agents outlive a SIGKILLed driver for minutes.
     psutil = pytest.importorskip("psutil")
-    proc, _ = start_quickstart(tmp_path)
+    run = ("run.steps=6", "run.checkpoint_every=1")
+    proc, metrics = start_quickstart(tmp_path, *run)
     cluster = psutil.Process(proc.pid).children(recursive=True)
     proc.kill()
     proc.communicate(timeout=30)
     running = all_ended(cluster, timeout=20)
     assert not running, [(p.pid, p.name()) for p in cluster if p.pid in running]
+    killed_at = len(metrics.read_text().splitlines())
+    assert 2 <= killed_at < 6
+
+    # Resumed from the newest complete checkpoint, the run gives the rows of one never interrupted, each step once.
+    train = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml"]
+    for out, extra in ((tmp_path, ("run.resume=true",)), (tmp_path / "whole", ())):
+        settings = (f"run.output_dir={out}", f"model.path={tmp_path / 'model'}", "run.progress=false", *run, *extra)
+        result = subprocess.run([*train, *(a for s in settings for a in ("--set", s))], cwd=ROOT, env=cli_env(),
+                                capture_output=True, text=True, timeout=400, check=False)
+        assert result.returncode == 0, result.stderr[-3000:]
+    rows = outcome(metrics)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows == outcome(tmp_path / "whole" / "quickstart" / "metrics.jsonl")
 
 
 def http_status(url: str, token: str | None = None) -> int:

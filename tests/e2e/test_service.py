@@ -5,13 +5,11 @@
   the raw ones (prompt log-probs) and the sampled tokens' at temperature 0.8.
 - Every topology (rollout actors x learners) trains end to end.
 - A raising reward function fails the step with an error naming the function and the sample, or scores 0.
-- A resumed run continues from its checkpoint and gives exactly the rows of a run that was never interrupted.
+- Each engine proves it serves learner 0's weights (fingerprints), and refuses other weights, naming the tensor.
 """
 
-import json
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import ray
@@ -238,29 +236,6 @@ def test_topologies_train_end_to_end(ray_session, tmp_path, rollout_actors, lear
         assert max(abs(h["correction/mismatch_kl"]) for h in history) > 1e-6
     if cfg.learner.mini_batch_size:
         assert history[-1]["learner/optimizer_steps"] == 2 * cfg.global_batch_size // cfg.mini_batch_size
-
-
-def test_resume_continues_after_the_last_checkpoint_exactly(ray_session, tmp_path):
-    common = ("cluster.rollout.num_actors=1", "rollout.prompts_per_step=4", "learner.micro_batch_size=8")
-    first = train(quickstart(tmp_path, *common, "run.steps=1", "run.checkpoint_every=1"))
-    assert [h["policy_version"] for h in first] == [0]
-    resumed = train(quickstart(tmp_path, *common, "run.steps=2", "run.resume=true", "run.overwrite=false"))
-    assert [h["policy_version"] for h in resumed] == [1]
-    # The optimizer state came back: its step counter continues from the checkpoint.
-    assert resumed[0]["learner/optimizer_steps"] == 2
-    rows = outcome(tmp_path / "quickstart" / "metrics.jsonl")
-    assert len(rows) == 2
-    # Exact: the same rows as a run that was never interrupted (weights, optimizer, data position, and each
-    # sample's seed from its prompt's ticket), with real vLLM sampling; only the timings differ.
-    train(quickstart(tmp_path / "whole", *common, "run.steps=2", f"model.path={tmp_path.parent / 'tiny-model'}"))
-    assert rows == outcome(tmp_path / "whole" / "quickstart" / "metrics.jsonl")
-
-
-def outcome(metrics: Path) -> list[dict]:
-    """A run's rows without the figures that measure time."""
-    timing = ("time/", "throughput/", "rollout/tokens_per_s", "sync/bytes_per_s", "idle/")
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(timing)}
-            for line in metrics.read_text().splitlines()]
 
 
 def test_step_metrics_reach_the_nodes_prometheus_endpoint(ray_session):
