@@ -550,19 +550,27 @@ class Config(Section):
             errors.append("cluster.weight_sync 'nccl' needs GPUs on both cluster.learner.num_gpus and "
                           "cluster.rollout.num_gpus")
         if self.cluster.num_cpus is not None and self.cluster.address is None:
-            roles = [("rollout", self.cluster.rollout), ("learner", self.cluster.learner)]
-            if self.needs_reference:
-                roles.append(("reference", self.cluster.reference))
-            demand = sum(r.num_actors * r.num_cpus for _, r in roles) + self.reward.num_cpus
-            if demand > self.cluster.num_cpus + 1e-9:
-                parts = " + ".join(f"cluster.{n}.num_actors x num_cpus ({r.num_actors} x {r.num_cpus})"
-                                   for n, r in roles)
-                errors.append(f"the embedded cluster has cluster.num_cpus = {self.cluster.num_cpus} but the actors "
-                              f"reserve {parts} and a reward task needs reward.num_cpus ({self.reward.num_cpus}): "
-                              f"{demand:g} in all")
+            problem = self.unplaceable(self.cluster.num_cpus, "cluster.num_cpus", "num_cpus")
+            if problem:
+                errors.append(problem)
         if errors:
             raise ValueError("\n".join(errors))
         return self
+
+    def unplaceable(self, have: float, what: str, resource: str) -> str | None:
+        """Why the roles' `resource` (num_cpus or num_gpus) cannot fit in the `have` of one node (`what` names
+        where that figure comes from), or None. A reward task needs reward.num_cpus besides the actors."""
+        roles = [("rollout", self.cluster.rollout), ("learner", self.cluster.learner)]
+        if self.needs_reference:
+            roles.append(("reference", self.cluster.reference))
+        reward = self.reward.num_cpus if resource == "num_cpus" else 0.0
+        demand = sum(r.num_actors * getattr(r, resource) for _, r in roles) + reward
+        if demand <= have + 1e-9:
+            return None
+        parts = " + ".join(f"cluster.{n}.num_actors x {resource} ({r.num_actors} x {getattr(r, resource)})"
+                           for n, r in roles if getattr(r, resource))
+        tail = f" and a reward task needs reward.num_cpus ({reward})" if reward else ""
+        return f"the embedded cluster has {what} = {have:g} but the actors reserve {parts}{tail}: {demand:g} in all"
 
 
 # ------------------------------------------------------------------------------------------------------- loading

@@ -6,7 +6,8 @@
 - the data: every row parses and holds a usable prompt (`data.check_rows`), and the tokenizer has a chat template if
   some prompt needs one;
 - the reward function imports;
-- the run directory can be made and written, and `run.resume` / `run.overwrite` fit what is already there.
+- the run directory can be made and written, and `run.resume` / `run.overwrite` fit what is already there;
+- on the embedded cluster, the roles' CPUs and GPUs fit this machine.
 
 Each problem is one line that starts with the config field it concerns; `check` reports them all at once, so one
 corrected re-run is enough. With `model.create_tiny_if_missing` a missing model is fine (it is built on first use,
@@ -54,6 +55,7 @@ def check(cfg: Config) -> None:
     _data(cfg.data, tokenizer, problems)
     _reward(cfg.reward, problems)
     _run_dir(cfg.run, problems)
+    _resources(cfg, problems)
     if problems:
         raise PreflightError(problems)
 
@@ -228,6 +230,28 @@ def _run_dir(run: RunConfig, problems: list[str]) -> None:
     problem = reuse_problem(path, run)
     if problem:
         problems.append(problem)
+
+
+# ----------------------------------------------------------------------------------------------------- resources
+def _resources(cfg: Config, problems: list[str]) -> None:
+    """On the embedded cluster (this machine), the roles' CPUs and GPUs fit in what Ray will find here: otherwise
+    their placement groups would wait for resources that never come. (`cluster.num_cpus`, when set, is checked
+    with the config; a joined cluster's nodes are only known once connected.)"""
+    c = cfg.cluster
+    if c.backend != "ray" or c.address or os.environ.get("RAY_ADDRESS") or os.environ.get(RAY_JOB_ENV):
+        return
+    if c.num_cpus is None:
+        from ray._private.utils import get_num_cpus  # what Ray will advertise: the CPU count under cgroup limits
+
+        problem = cfg.unplaceable(get_num_cpus(), "this machine's CPU count (cluster.num_cpus unset)", "num_cpus")
+        if problem:
+            problems.append(f"cluster: {problem}; lower the reservations or set cluster.num_cpus")
+    import torch
+
+    problem = cfg.unplaceable(torch.cuda.device_count(), "this machine's GPU count", "num_gpus")
+    if problem:
+        problems.append(f"cluster: {problem}; set the roles' num_gpus to what this machine has, or join a cluster "
+                        f"with GPUs (cluster.address)")
 
 
 def _relative_note(path: str) -> str:

@@ -20,7 +20,7 @@ def make_cfg(tiny_model_dir, toy_dataset, tmp_path, **sections) -> config.Config
     """A config that passes the preflight, with `sections` merged into it."""
     tree = {"model": {"path": str(tiny_model_dir)}, "data": {"path": str(toy_dataset), "max_prompt_tokens": 64},
             "rollout": {"sampling": {"max_new_tokens": 16}}, "reward": {"function": "distrl.workers.rewards:toy"},
-            "run": {"output_dir": str(tmp_path / "runs"), "name": "r"}}
+            "run": {"output_dir": str(tmp_path / "runs"), "name": "r"}, "cluster": {"num_cpus": 8}}
     for section, values in sections.items():
         tree[section] = {**tree.get(section, {}), **values}
     return config.from_dict(tree)
@@ -120,6 +120,12 @@ CASES = [
      r"manifest\.json: it was not completely written"),
     ("resume a run that has no checkpoint", lambda t, m: {**_used_run_dir(t), "run": {"resume": True}},
      r"^run\.resume: .*/runs/r holds a run but no usable checkpoint to continue it from \(set run\.checkpoint_every"),
+    ("more CPUs than this machine has", lambda t, m: {"cluster": {"num_cpus": None, "rollout": {"num_actors": 4096}}},
+     r"^cluster: the embedded cluster has this machine's CPU count \(cluster\.num_cpus unset\) = \d+ but the actors "
+     r"reserve cluster\.rollout\.num_actors x num_cpus \(4096 x 1\.0\) \+ .* in all; lower the reservations"),
+    ("GPUs this machine does not have", lambda t, m: {"cluster": {"rollout": {"num_actors": 4, "num_gpus": 1024}}},
+     r"^cluster: the embedded cluster has this machine's GPU count = \d+ but the actors reserve "
+     r"cluster\.rollout\.num_actors x num_gpus \(4 x 1024\.0\): 4096 in all; set the roles' num_gpus"),
 ]
 
 
