@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # pip's index of local mirrors prints one warning per package it does not hold; they are noise here.
 QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: install quickstart lint test test-fast bench clean
+.PHONY: install quickstart lint test test-fast image-test bench clean
 
 install: $(STAMP)
 
@@ -36,6 +36,14 @@ test: install lint
 
 test-fast: install lint
 	$(PY) -m pytest tests -m "not e2e"
+
+# The CPU image built for real (tests/test_deploy.py -m image): docker/Dockerfile.cpu on a Debian base made with
+# debootstrap, then a smoke stage that trains one step. Installs podman and debootstrap with apt-get if missing
+# (needs root). Slow (it installs torch and vLLM into the image), so `make test` leaves it out.
+image-test: install
+	command -v podman >/dev/null && command -v debootstrap >/dev/null || \
+	  { apt-get update && apt-get install -y podman debootstrap; }
+	$(PY) -m pytest tests/test_deploy.py -m image -s
 
 bench: install
 	$(PY) bench/bench_rollout.py && $(PY) bench/bench_step.py && $(PY) bench/bench_token_logprobs.py && $(PY) bench/bench_faults.py

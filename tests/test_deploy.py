@@ -8,6 +8,8 @@
   these manifests do not set (deletionStrategy, managedBy, gcsFaultToleranceOptions).
 - Consistency: one cluster spec in both manifests, the shared volume at one path in every pod, the token Secret
   wired through KubeRay's authOptions, one image placeholder, one Ray version, `run.output_dir` on the volume.
+
+The CPU image build (`-m image`, `make image-test`) is at the end: minutes, and it needs podman and debootstrap.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 IMAGE = "REGISTRY/distrl:VERSION"  # the placeholder that users replace with the image they pushed
 MOUNT = "/shared"                  # where every Ray pod mounts the shared volume
-DOCKERFILES = [ROOT / "docker" / "Dockerfile", ROOT / "docker" / "Dockerfile.cpu"]
+DOCKERFILES = [ROOT / "docker" / "Dockerfile", ROOT / "docker" / "Dockerfile.cpu", ROOT / "tests" / "Dockerfile.smoke"]
 
 
 def _docs(name: str) -> list[dict[str, Any]]:
@@ -287,3 +290,75 @@ def test_submit_sh_refuses_to_submit_without_a_token(tmp_path):
     out = _submit(tmp_path, {})
     assert out.returncode == 2 and "RAY_AUTH_TOKEN" in out.stderr, out.stderr
     assert not (tmp_path / "ray-args").exists()
+
+
+# --- The CPU image, built for real (-m image) ----------------------------------------------------------------------
+
+BASE_IMAGE = "localhost/debian:bookworm"   # made with debootstrap when absent: registry images cannot be pulled here
+CPU_IMAGE = "localhost/distrl:cpu-test"
+CERT_IN_BUILD = "/run/pip-cert.pem"
+
+
+def _pip_build_args() -> list[str]:
+    """Build arguments and read-only mounts that make pip in the build reach the package indexes the way pip here
+    does: each option set here (the environment's first, as pip reads them) overrides the Dockerfile's default, the
+    local directories it names are mounted at the same paths, and a CA bundle (`cert`, for a proxy that signs with
+    its own CA) at CERT_IN_BUILD. Options not set here keep the Dockerfile's defaults. Each mount leaves an empty
+    mount point in the image's layers."""
+    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True)
+    settings: dict[str, str] = {}
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        option = key.rsplit(".", 1)[-1]
+        if option in ("index-url", "extra-index-url", "find-links", "cert") and (key.startswith(":env:") or
+                                                                                  option not in settings):
+            settings[option] = value.strip("'\"")
+    args: list[str] = []
+    mounts: dict[str, str] = {}
+    for option, value in settings.items():
+        if option == "cert":  # not at its own path: the image's ca-certificates package writes the bundle there
+            mounts[value] = CERT_IN_BUILD
+            args += ["--build-arg", f"PIP_CERT={CERT_IN_BUILD}"]
+            continue
+        for location in value.split():
+            path = location.removeprefix("file://")
+            if path.startswith("/"):  # a local index (its parent holds the files it links to) or a wheel directory
+                path = str(Path(path).parent) if option.endswith("index-url") else path
+                mounts[path] = path
+        args += ["--build-arg", f"PIP_{option.upper().replace('-', '_')}={value}"]
+    return args + [a for src, dst in sorted(mounts.items()) for a in ("--volume", f"{src}:{dst}:ro")]
+
+
+def _debian_base(tmp_path: Path) -> None:
+    if subprocess.run(["podman", "image", "exists", BASE_IMAGE], check=False).returncode == 0:
+        return
+    mirror = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    rootfs = tmp_path / "rootfs"
+    subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), mirror], check=True)
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+    subprocess.run(["podman", "import", "-", BASE_IMAGE], stdin=tar.stdout, check=True)
+    assert tar.wait() == 0
+
+
+@pytest.mark.image
+@pytest.mark.timeout(3 * 3600)
+def test_cpu_image_builds_validates_and_trains(tmp_path):
+    """docker/Dockerfile.cpu built for real on a Debian base made here, then tests/Dockerfile.smoke on top of it:
+    vLLM's kernels find their libraries, `distrl validate` passes and one quickstart step trains. Leaves the base
+    and the CPU image in podman's storage, so that a re-run reuses their layers (`podman rmi` frees them)."""
+    missing = [tool for tool in ("podman", "debootstrap") if not shutil.which(tool)]
+    assert not missing, f"{' and '.join(missing)} not installed: `make image-test` installs them"
+    _debian_base(tmp_path)
+    build = ["podman", "build", "--isolation=chroot"]
+    start = time.monotonic()
+    subprocess.run([*build, "-f", "docker/Dockerfile.cpu", "--build-arg", f"BASE={BASE_IMAGE}",
+                    *_pip_build_args(), "-t", CPU_IMAGE, "."], cwd=ROOT, check=True)
+    print(f"CPU image built in {time.monotonic() - start:.0f} s")
+    context = tmp_path / "context"
+    context.mkdir()
+    start = time.monotonic()
+    subprocess.run([*build, "--no-cache", "-f", str(ROOT / "tests" / "Dockerfile.smoke"),
+                    "--build-arg", f"IMAGE={CPU_IMAGE}", "-t", "localhost/distrl:cpu-smoke", str(context)],
+                   check=True)
+    print(f"smoke stage passed in {time.monotonic() - start:.0f} s")
+    subprocess.run(["podman", "rmi", "localhost/distrl:cpu-smoke"], check=True)
