@@ -15,7 +15,7 @@ QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || 
 # package unpacked into .tools/ without installing it (apt as any user, the system untouched; ~10 s, once).
 PROMETHEUS ?= $(or $(shell command -v prometheus),$(CURDIR)/.tools/prometheus/usr/bin/prometheus)
 
-.PHONY: install quickstart lint test test-fast bench monitor prometheus clean
+.PHONY: install quickstart lint test test-fast image-test bench monitor prometheus clean
 
 install: $(STAMP)
 
@@ -41,6 +41,14 @@ test: install lint $(PROMETHEUS)
 
 test-fast: install lint
 	$(PY) -m pytest tests -m "not e2e"
+
+# The CPU image built for real (tests/test_deploy.py -m image): docker/Dockerfile.cpu on a Debian base made with
+# debootstrap, then a smoke stage that trains one step. Installs podman and debootstrap with apt-get if missing
+# (needs root). Slow (it installs torch and vLLM into the image), so `make test` leaves it out.
+image-test: install
+	command -v podman >/dev/null && command -v debootstrap >/dev/null || \
+	  { apt-get update && apt-get install -y podman debootstrap; }
+	$(PY) -m pytest tests/test_deploy.py -m image -s
 
 bench: install
 	$(PY) bench/bench_rollout.py && $(PY) bench/bench_step.py && $(PY) bench/bench_token_logprobs.py && $(PY) bench/bench_faults.py

@@ -1,10 +1,21 @@
-"""Shared fixtures: the tiny model (built once per session) and the toy dataset."""
+"""Shared fixtures: the tiny model (built once per session) and the toy dataset; `image` tests run only when asked."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `image` build a container image (many minutes, podman and debootstrap): they run only when the
+    `-m` expression names them (`make image-test`), never as part of `make test`."""
+    if "image" in (config.getoption("markexpr") or ""):
+        return
+    image = [item for item in items if item.get_closest_marker("image")]
+    if image:
+        config.hook.pytest_deselected(items=image)
+        items[:] = [item for item in items if not item.get_closest_marker("image")]
 
 
 @pytest.fixture(scope="session")
