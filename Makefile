@@ -51,7 +51,7 @@ image-test: install
 	$(PY) -m pytest tests/test_deploy.py -m image -s
 
 bench: install
-	$(PY) bench/bench_rollout.py && $(PY) bench/bench_step.py && $(PY) bench/bench_token_logprobs.py && $(PY) bench/bench_faults.py
+	$(PY) bench/bench_rollout.py && $(PY) bench/bench_step.py && $(PY) bench/bench_token_logprobs.py && $(PY) bench/bench_faults.py && $(PY) bench/bench_fingerprint.py
 
 prometheus: $(PROMETHEUS)
 
