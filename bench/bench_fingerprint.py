@@ -3,8 +3,8 @@ own kernels) and learner 0's of the weights it sends, against the time of the pu
 
     python bench/bench_fingerprint.py [--hidden 512 --layers 8] [--dtype float32] [--repeat 5]
 
-Prints the median seconds of each over `--repeat` runs. The default model is the ~25M-parameter random Llama of
-bench_async.py; `--hidden 128 --layers 2` is the quickstart's.
+Prints the median seconds of each over `--repeat` runs. The default model is bench_async.py's random Llama (hidden
+512, 8 layers: 34M parameters); `--hidden 128 --layers 2` is the quickstart's.
 """
 
 from __future__ import annotations

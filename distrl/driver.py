@@ -69,8 +69,10 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
     with startup("preflight"):
         preflight.check(cfg)  # model, data, reward and run directory, before Ray or any actor starts
     with ExitStack() as cleanup:
+        # Before the run directory is claimed: a signal while it is being made (the sinks take seconds to import)
+        # must find the handler, which also outlasts the cluster (entered before it, left after).
+        stop = cleanup.enter_context(StopOnSignal())
         run = cleanup.enter_context(closing(RunDir(cfg)))
-        stop = cleanup.enter_context(StopOnSignal())  # left after the cluster is shut down (entered before it)
         found = resume_point(run) if cfg.run.resume else None
         done = checkpoint.driver_state(found)["step"] if found else 0
         if done >= cfg.run.steps:
@@ -293,8 +295,8 @@ def finish_update(job: Job, handles: list[Any], batch: TrainBatch, step: int) ->
     metrics = merge_metrics(results)
     if batch.old_logprobs is None:
         # One mini-batch: learner k's shard is the k-th contiguous block of rows (TrainBatch.shard).
-        old = torch.cat(answer(job.roles, job.roles.learner.map(Learner.proximal_logprobs), "the learners' proximal "
-                               "log-probs", job.cfg.cluster.call_timeout_s))
+        old = torch.cat(job.roles.backend.answer(job.roles.learner.map(Learner.proximal_logprobs),
+                                                 "the learners' proximal log-probs", job.cfg.cluster.call_timeout_s))
         metrics.update(correction_by_staleness(job, batch.sequences, old, step))
     return metrics
 
@@ -323,21 +325,14 @@ def calls(group: ActorGroup | None, what: str, handles: list[Any] | None) -> lis
     return [f"{group.name(i)}'s {what}" for i in range(len(handles or []))] if group is not None else []
 
 
-def answer(roles: Roles, handles: Any, what: str, timeout_s: float) -> Any:
-    """The values of `handles`, or an error naming `what` if they have not all come within `timeout_s`."""
-    try:
-        return roles.backend.get(handles, timeout=timeout_s)
-    except TimeoutError as err:
-        raise TimeoutError(f"{what} has not returned within cluster.call_timeout_s = {timeout_s:g} s") from err
-
-
 def save_checkpoint(job: Job) -> Path:
     """Checkpoint the last finished step (learner 0 writes it and prunes the older ones)."""
     path = checkpoint.path_for(job.run.path, job.last_step)
-    answer(job.roles, job.roles.learner.call(0, Learner.save_checkpoint, str(path),
-                                             {"step": job.last_step, "data": job.stream.state_dict()},
-                                             job.cfg.run.keep_checkpoints),
-           f"{job.roles.learner.name(0)}'s checkpoint of step {job.last_step}", job.cfg.cluster.call_timeout_s)
+    job.roles.backend.answer(job.roles.learner.call(0, Learner.save_checkpoint, str(path),
+                                                    {"step": job.last_step, "data": job.stream.state_dict()},
+                                                    job.cfg.run.keep_checkpoints),
+                             f"{job.roles.learner.name(0)}'s checkpoint of step {job.last_step}",
+                             job.cfg.cluster.call_timeout_s)
     job.checkpointed = job.last_step
     return path
 
@@ -346,7 +341,8 @@ def check_shared_run_dir(run: RunDir, roles: Roles) -> None:
     """Learner 0 writes the checkpoints on its node and the driver resumes from them: refuse to train unless it sees
     the run directory the driver made (its config.yaml, byte for byte)."""
     config = run.path / "config.yaml"
-    seen = roles.backend.get(roles.learner.call(0, Learner.seen_digest, str(config)))
+    seen = roles.backend.answer(roles.learner.call(0, Learner.seen_digest, str(config)),
+                                f"{roles.learner.name(0)}'s read of {config}", run.cfg.cluster.call_timeout_s)
     if seen != checkpoint.seen_digest(config):
         raise preflight.PreflightError([
             f"run.output_dir: learner 0 does not see the run directory {run.path} that the driver made (its "
@@ -373,8 +369,8 @@ def restore(found: Path | None, job: Job, roles: Roles) -> None:
     """Load checkpoint `found` (if any; the job is at its step) into every learner and the prompt stream, and
     forget metrics rows logged after it."""
     if found:
-        answer(roles, roles.learner.map(Learner.load_checkpoint, str(found)), f"the learners' load of {found}",
-               job.cfg.cluster.call_timeout_s)
+        roles.backend.answer(roles.learner.map(Learner.load_checkpoint, str(found)),
+                             f"the learners' load of {found}", job.cfg.cluster.call_timeout_s)
         job.stream.load_state_dict(checkpoint.driver_state(found)["data"])
         print(f"resumed from {found} (step {job.last_step})")
     job.run.forget_after(job.last_step)

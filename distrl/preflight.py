@@ -18,6 +18,7 @@ Light at import time: transformers is imported only when there is a model to che
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -241,9 +242,7 @@ def _resources(cfg: Config, problems: list[str]) -> None:
     if c.backend != "ray" or c.address or os.environ.get("RAY_ADDRESS") or os.environ.get(RAY_JOB_ENV):
         return
     if c.num_cpus is None:
-        from ray._private.utils import get_num_cpus  # what Ray will advertise: the CPU count under cgroup limits
-
-        problem = cfg.unplaceable(get_num_cpus(), "this machine's CPU count (cluster.num_cpus unset)", "num_cpus")
+        problem = cfg.unplaceable(cpu_count(), "this machine's CPU count (cluster.num_cpus unset)", "num_cpus")
         if problem:
             problems.append(f"cluster: {problem}; lower the reservations or set cluster.num_cpus")
     import torch
@@ -252,6 +251,17 @@ def _resources(cfg: Config, problems: list[str]) -> None:
     if problem:
         problems.append(f"cluster: {problem}; set the roles' num_gpus to what this machine has, or join a cluster "
                         f"with GPUs (cluster.address)")
+
+
+def cpu_count() -> int:
+    """CPUs this process may use, as Ray counts them for its own node: those it is allowed to run on, fewer under a
+    cgroup v2 CPU quota (a container's `--cpus`), rounded up. Read here so that validation imports no Ray."""
+    allowed = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+    except (OSError, ValueError):
+        return allowed
+    return allowed if quota == "max" else min(allowed, math.ceil(int(quota) / int(period)))
 
 
 def _relative_note(path: str) -> str:

@@ -12,7 +12,7 @@ import torch
 
 from distrl.config import ModelConfig, RolloutConfig
 from distrl.types import Prompt, Rollouts
-from distrl.workers.fingerprint import Fingerprint, WeightMismatch, first_mismatch, of_tensors
+from distrl.workers.fingerprint import Fingerprint, check, of_tensors
 from distrl.workers.model import DTYPES, load_causal_lm, load_tokenizer
 from distrl.workers.rollout import request_seed
 
@@ -74,9 +74,5 @@ class HFRolloutWorker:
         return version
 
     def check_weights(self, version: int, expected: Fingerprint, name: str) -> int:
-        served = of_tensors(self.model.state_dict().items(), DTYPES[self.cfg.dtype])
-        problem = first_mismatch(expected, served)
-        if problem:
-            raise WeightMismatch(f"{name} serves weights other than learner 0's after loading version {version}: "
-                                 f"{problem}")
+        check(expected, of_tensors(self.model.state_dict().items(), DTYPES[self.cfg.dtype]), name, version)
         return version

@@ -180,6 +180,18 @@ def test_validate_imports_no_torch_and_reports_errors():
     assert "loss.dual_clip must be > 1" in result.stderr and "--set loss.dual_clip=0.5" in result.stderr
 
 
+def test_a_validate_that_checks_everything_imports_no_ray(tmp_path):
+    """The preflight's resource check counts this machine's CPUs itself (cluster.num_cpus unset), without Ray."""
+    code = ("import sys\nfrom distrl.cli import main\n"
+            f"rc = main(['validate', 'configs/quickstart.yaml', '--set', 'cluster.num_cpus=null', '--set', "
+            f"'run.output_dir={tmp_path}'])\n"
+            "assert rc == 0, rc\n"
+            "heavy = [m for m in ('ray', 'vllm') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    result = _run(code)
+    assert result.returncode == 0, result.stderr
+
+
 def test_validate_prints_resolved_config():
     result = subprocess.run([sys.executable, "-m", "distrl.cli", "validate", "configs/quickstart.yaml",
                              "--set", "run.steps=3"], capture_output=True, text=True, cwd=ROOT, timeout=120,

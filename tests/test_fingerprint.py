@@ -6,14 +6,32 @@ import torch
 from distrl.workers.fingerprint import SAMPLE_COLUMNS, columns, first_mismatch, of_sample, of_tensors, sample
 
 
+def splitmix64_top16(i: int) -> int:
+    """The reference of the position hash, in Python integers: splitmix64's finaliser, top 16 bits."""
+    mask = (1 << 64) - 1
+    z = ((i ^ (i >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) >> 48
+
+
 def test_checksum_weighs_each_entry_by_its_position():
-    # Position weights 1 + ((2654435761 r + 2246822519 c) mod 65536) / 65536:
-    #   (0,0): 1;  (0,1): 0x85EBCA77 -> 0xCA77 = 51831;  (1,0): 0x9E3779B1 -> 0x79B1 = 31153;
-    #   (1,1): 0x79B1 + 0xCA77 = 0x14428 -> 0x4428 = 17448.
-    w00, w01, w10, w11 = 1.0, 1 + 51831 / 65536, 1 + 31153 / 65536, 1 + 17448 / 65536
+    # Position weights 1 + top16(splitmix64(r * S + c)) / 65536; for a [2, 2] sample the hashes of 0, 1, 2, 3 are
+    # 0, 22162, 56274 and 7763.
+    assert [splitmix64_top16(i) for i in range(4)] == [0, 22162, 56274, 7763]
+    w00, w01, w10, w11 = 1.0, 1 + 22162 / 65536, 1 + 56274 / 65536, 1 + 7763 / 65536
     checksum, scale = of_sample(torch.tensor([[1.0, 2.0], [3.0, -4.0]]))
     assert checksum == pytest.approx(1 * w00 + 2 * w01 + 3 * w10 - 4 * w11, rel=1e-15)
     assert scale == pytest.approx(1 * w00 + 2 * w01 + 3 * w10 + 4 * w11, rel=1e-15)
+
+
+def test_rows_far_apart_get_different_weights():
+    """A vocabulary has more than 65536 rows: rows 2**16 apart must not share weights (a linear hash mod 2**16
+    would make swapping them invisible)."""
+    rows = torch.zeros(70_000, 1)
+    rows[3], rows[3 + 65536] = 1.0, 2.0
+    swapped = rows.clone()
+    swapped[[3, 3 + 65536]] = rows[[3 + 65536, 3]]
+    assert of_sample(swapped)[0] != of_sample(rows)[0]
 
 
 def test_swapped_rows_or_columns_change_the_checksum():

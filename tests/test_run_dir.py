@@ -200,8 +200,9 @@ def test_training_needs_learner_0_to_see_the_drivers_run_directory(tmp_path, see
     """The driver resumes from what learner 0 writes: storage not shared between them is refused at the start."""
     run = RunDir(cfg(tmp_path))
     digest = {"missing": None, "different": "0" * 64, "same": checkpoint.seen_digest(run.path / "config.yaml")}
-    roles = SimpleNamespace(backend=SimpleNamespace(get=lambda value: value),
-                            learner=SimpleNamespace(call=lambda i, method, path: digest[seen]))
+    roles = SimpleNamespace(backend=SimpleNamespace(answer=lambda value, what, timeout_s: value),
+                            learner=SimpleNamespace(call=lambda i, method, path: digest[seen],
+                                                    name=lambda i: "learner-0"))
     if seen == "same":
         check_shared_run_dir(run, roles)
     else:

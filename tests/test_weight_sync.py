@@ -45,8 +45,8 @@ def test_a_push_an_engine_does_not_finish_in_time_names_the_engine():
     learners = LocalGroup("learner", backend, lambda i, incarnation: FakeLearner(), 1)
     engines = LocalGroup("rollout", backend, lambda i, incarnation: FakeEngine(hangs=i == 1), 2)
     sync = ObjectStoreSync(learners, engines, "float32", 2**20, timeout_s=5, verify=False)
-    with pytest.raises(RuntimeError, match=r"weight sync: rollout-1 has not loaded the weights of version 3 within "
-                                           r"cluster\.sync_timeout_s = 5 s"):
+    with pytest.raises(RuntimeError, match=r"weight sync: rollout-1 has not loaded \(and verified\) the weights of "
+                                           r"version 3 within cluster\.sync_timeout_s = 5 s"):
         sync.push(3)
 
 

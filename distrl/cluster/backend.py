@@ -53,6 +53,14 @@ class Backend(ABC):
         """The value of a handle, or the list of values of a list of handles; raises what the call raised, or
         TimeoutError when `timeout` seconds pass first."""
 
+    def answer(self, handles: Any, what: str, timeout_s: float, setting: str = "cluster.call_timeout_s") -> Any:
+        """`get(handles)`, or a TimeoutError naming `what` (the calls) and `setting` (their limit) if they have not
+        all returned within `timeout_s`."""
+        try:
+            return self.get(handles, timeout=timeout_s)
+        except TimeoutError as err:
+            raise TimeoutError(f"{what} has not returned within {setting} = {timeout_s:g} s") from err
+
     @abstractmethod
     def wait(self, handles: Sequence[Any], timeout: float | None = None) -> tuple[list[Any], list[Any]]:
         """(handles that are done, the others) once at least one is done or `timeout` seconds have passed."""
@@ -123,9 +131,11 @@ class RayBackend(Backend):
         else:
             # address="local": a new cluster of our own even when `ray start` left one running on this machine
             # (without it Ray joins that one and refuses num_cpus).
-            token = self._embedded.enter_context(loopback_cluster())
-            ctx = ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=True,
-                           dashboard_host=cfg.dashboard_host, _node_ip_address="127.0.0.1")
+            with ExitStack() as embedded:  # undone at once if ray.init fails, else at close()
+                token = embedded.enter_context(loopback_cluster())
+                ctx = ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=True,
+                               dashboard_host=cfg.dashboard_host, _node_ip_address="127.0.0.1")
+                self._embedded = embedded.pop_all()
             # Ends Ray's agents if this process dies without shutting the cluster down (SIGKILL, OOM killer).
             self._reaper = reaper.start(os.getpid())
             self.description = (f"ray: embedded cluster on 127.0.0.1, dashboard at "
@@ -219,8 +229,11 @@ def loopback_cluster() -> Iterator[Path | None]:
       outlives the run. Unless a token is set (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token), the run
       makes its own in a private temporary directory, removed with the cluster."""
     from ray._private import ray_constants
+    from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]  # compiled; the stub omits it
 
-    saved_env = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_TOKEN_PATH")}
+    # ray.init sets RAY_AUTH_MODE; Ray's token loader caches the token it read first, so it is reloaded both ways.
+    saved_env = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_TOKEN_PATH",
+                                                "RAY_AUTH_MODE")}
     saved_switch = ray_constants.ENABLE_RAY_CLUSTER
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
@@ -232,6 +245,7 @@ def loopback_cluster() -> Iterator[Path | None]:
         token.touch(mode=0o600)
         token.write_text(secrets.token_hex(32))
         os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    AuthenticationTokenLoader.instance().reset_cache()
     try:
         yield Path(directory) / "auth_token" if directory else None
     finally:
@@ -243,6 +257,7 @@ def loopback_cluster() -> Iterator[Path | None]:
                 os.environ[key] = value
         if directory:
             shutil.rmtree(directory, ignore_errors=True)
+        AuthenticationTokenLoader.instance().reset_cache()
 
 
 def connect(cfg: ClusterConfig) -> Backend:

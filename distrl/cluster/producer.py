@@ -254,19 +254,22 @@ class Producer:
                                   f"bundle may have no node to run on (a lost node and no capacity left), or its "
                                   f"engine hangs while starting")
 
-    def _due(self, handle: Any, sent: float, what: str) -> None:
-        self.deadlines[handle] = (sent + self.call_timeout_s, f"{what} has not returned within "
-                                  f"cluster.call_timeout_s = {self.call_timeout_s:g} s of being sent")
+    def _due(self, handle: Any, since: float, what: str) -> None:
+        """`handle` (`what`, for the error) must be done `call_timeout_s` after `since`."""
+        self.deadlines[handle] = (since + self.call_timeout_s,
+                                  f"{what} has not returned within cluster.call_timeout_s = {self.call_timeout_s:g} s")
 
-    def _check_deadlines(self, waiting: list[Any]) -> float | None:
-        """Raise if one of `waiting` is past its deadline; else the seconds until the first one is (None: none)."""
-        due = [self.deadlines[h] for h in waiting if h in self.deadlines]
-        if not due:
-            return None
-        deadline, what = min(due, key=lambda d: d[0])
-        if time.perf_counter() >= deadline:
-            raise TimeoutError(what)
-        return deadline - time.perf_counter()
+    def _until_first_deadline(self, waiting: list[Any], now: float) -> float | None:
+        """Seconds from `now` until the earliest deadline among `waiting` (0 if one has passed; None: none)."""
+        due = [self.deadlines[h][0] for h in waiting if h in self.deadlines]
+        return max(0.0, min(due) - now) if due else None
+
+    def _raise_if_late(self, waiting: list[Any], done: list[Any], now: float) -> None:
+        """A handle past its deadline at `now` that was still not done in the wait after it is late. (One done in
+        time but not yet collected, because the driver was busy elsewhere, is not.)"""
+        for h in waiting:
+            if h in self.deadlines and self.deadlines[h][0] <= now and not any(h is d for d in done):
+                raise TimeoutError(self.deadlines[h][1])
 
     def starting(self) -> set[int]:
         """Actors being replaced: weight pushes leave them out (they load the weights when they are ready)."""
@@ -303,9 +306,9 @@ class Producer:
         if not waiting:
             raise RuntimeError("the producer has nothing in flight and no room to admit a chunk; the staleness "
                                "bound leaves no batch to generate")
-        done, _ = self.backend.wait(waiting, timeout=self._check_deadlines(waiting))
-        if not done:  # only a deadline ends a wait early
-            self._check_deadlines(waiting)
+        now = time.perf_counter()
+        done, _ = self.backend.wait(waiting, timeout=self._until_first_deadline(waiting, now))
+        self._raise_if_late(waiting, done, now if done else time.perf_counter())
         for handle in done:
             self.deadlines.pop(handle, None)
             if handle in self.in_flight:
@@ -325,7 +328,7 @@ class Producer:
         as it comes, so a failed call ends the wait at once: its peers may be blocked waiting for it."""
         values: list[Any] = [None] * len(handles)
         pending = list(enumerate(handles))
-        now = time.perf_counter()
+        now = time.perf_counter()  # the calls were sent just before
         for i, h in pending:
             self._due(h, now, what[i] if what else f"call {i + 1} of {len(handles)} waited for")
         while pending:

@@ -119,8 +119,9 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
         groups.append(reference)
     if isinstance(learner, RayGroup):  # the local backend holds one learner, which needs no process group
         host = learner.node_ip(0)
-        port = backend.get(learner.call(0, Learner.free_port, host))
-        backend.get([learner.call(i, Learner.connect, host, port, i, len(learner)) for i in range(len(learner))])
+        port = backend.answer(learner.call(0, Learner.free_port, host), "learner 0's free port", c.call_timeout_s)
+        backend.answer([learner.call(i, Learner.connect, host, port, i, len(learner)) for i in range(len(learner))],
+                       "the learners' process group connection", c.call_timeout_s)
     gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
     sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes, gpus,
                             c.sync_timeout_s, c.verify_weights)

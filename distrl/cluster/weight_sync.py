@@ -56,7 +56,8 @@ class WeightSync(ABC):
         self.learners, self.rollouts = learners, rollouts
         self.dtype, self.timeout_s, self.verify = dtype, timeout_s, verify
         self.backend = learners.backend
-        self.specs = self.backend.get(learners.call(0, Learner.weight_specs, bucket_bytes, dtype))
+        self.specs = self.backend.answer(learners.call(0, Learner.weight_specs, bucket_bytes, dtype),
+                                         "learner 0's weight layout", timeout_s, "cluster.sync_timeout_s")
         item = torch.empty((), dtype=DTYPES[dtype]).element_size()
         self.total_bytes = item * sum(math.prod(shape) for spec in self.specs for _, shape in spec)
 
@@ -79,9 +80,9 @@ class WeightSync(ABC):
             try:
                 version = self.backend.get(handle, timeout=max(0.0, deadline - time.perf_counter()))
             except TimeoutError as err:
-                raise RuntimeError(f"weight sync: {self.rollouts.name(i)} has not loaded the weights of version "
-                                   f"{pending.version} within cluster.sync_timeout_s = {self.timeout_s:g} s of the "
-                                   f"push's start") from err
+                raise RuntimeError(f"weight sync: {self.rollouts.name(i)} has not loaded (and verified) the weights "
+                                   f"of version {pending.version} within cluster.sync_timeout_s = "
+                                   f"{self.timeout_s:g} s of the push's start") from err
             except Exception as err:
                 if not self.rollouts.lost(i, err):
                     raise
@@ -134,11 +135,14 @@ class NcclSync(WeightSync):
         super().__init__(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
         assert isinstance(learners, RayGroup), "NCCL weight sync needs Ray actors on GPUs"
         host = learners.node_ip(0)
-        port = self.backend.get(learners.call(0, Learner.free_port, host))
+        port = self.backend.answer(learners.call(0, Learner.free_port, host), "learner 0's free port", timeout_s,
+                                   "cluster.sync_timeout_s")
         world = len(rollouts) + 1
-        self.backend.get([learners.call(0, Learner.nccl_connect, host, port, world),
-                 *[rollouts.call(i, RolloutWorker.nccl_connect, host, port, i + 1, world)
-                   for i in range(len(rollouts))]])
+        self.backend.answer([learners.call(0, Learner.nccl_connect, host, port, world),
+                             *[rollouts.call(i, RolloutWorker.nccl_connect, host, port, i + 1, world)
+                               for i in range(len(rollouts))]],
+                            "the NCCL weight-sync group's connection (learner 0 and every engine)", timeout_s,
+                            "cluster.sync_timeout_s")
 
     replaceable = False  # a new engine cannot join the NCCL group of the running ones
 

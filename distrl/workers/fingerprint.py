@@ -15,8 +15,10 @@ the sampled columns exactly as the kernel uses them. Equal inputs give bitwise-e
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 SAMPLE_COLUMNS = 8
@@ -46,11 +48,16 @@ def sample(tensor: torch.Tensor) -> torch.Tensor:
     return rows[:, columns(rows.shape[1]).to(rows.device)]
 
 
+@functools.lru_cache(maxsize=64)
 def _position_weights(n: int, s: int) -> torch.Tensor:
-    """`[n, s]` float64 weights in [1, 2): a multiplicative hash of (row, column), the same on every machine."""
-    rows = torch.arange(n, dtype=torch.int64)[:, None] * 2654435761
-    cols = torch.arange(s, dtype=torch.int64)[None, :] * 2246822519
-    return 1.0 + ((rows + cols) % 65536).to(torch.float64) / 65536.0
+    """`[n, s]` float64 weights in [1, 2): the top 16 bits of splitmix64's finaliser of the position index r*s + c,
+    in numpy's wrapping uint64 arithmetic, so the same on every machine; no two positions share a period."""
+    z = np.arange(n * s, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return torch.from_numpy(1.0 + (z >> np.uint64(48)).astype(np.float64) / 65536.0).reshape(n, s)
 
 
 def of_sample(values: torch.Tensor) -> tuple[float, float]:
@@ -78,3 +85,11 @@ def first_mismatch(expected: Fingerprint, served: Fingerprint) -> str | None:
     if not wrong:
         return None
     return f"{wrong[0]}; {len(wrong)} of {len(expected)} tensors differ"
+
+
+def check(expected: Fingerprint, served: Fingerprint, engine: str, version: int) -> None:
+    """Raise WeightMismatch if engine `engine`, having loaded `version`, serves other weights than `expected`."""
+    problem = first_mismatch(expected, served)
+    if problem:
+        raise WeightMismatch(f"{engine} serves weights other than learner 0's after loading version {version}: "
+                             f"{problem} (cluster.verify_weights=false turns this check off)")

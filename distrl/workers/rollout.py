@@ -19,8 +19,9 @@ import torch
 
 from distrl.config import ModelConfig, RolloutConfig
 from distrl.types import Prompt, Rollouts
+from distrl.workers import fingerprint
 from distrl.workers.device import granted_device
-from distrl.workers.fingerprint import Fingerprint, WeightMismatch, columns, first_mismatch, of_sample, sample
+from distrl.workers.fingerprint import Fingerprint, columns, of_sample, sample
 from distrl.workers.model import resolve_model_path
 
 if TYPE_CHECKING:
@@ -137,11 +138,7 @@ class RolloutWorker:
         """Compare the weights this engine (actor `name`) serves with learner 0's fingerprint `expected` of version
         `version` (the push's load, resolved first); returns `version`. Raises WeightMismatch naming the engine and
         the first tensor that differs."""
-        served = self.llm.apply_model(served_fingerprint)[0]  # one worker: tensor_parallel_size is 1
-        problem = first_mismatch(expected, served)
-        if problem:
-            raise WeightMismatch(f"{name} serves weights other than learner 0's after loading version {version}: "
-                                 f"{problem} (cluster.verify_weights=false turns this check off)")
+        fingerprint.check(expected, self.llm.apply_model(served_fingerprint)[0], name, version)  # one worker (TP 1)
         return version
 
     def nccl_connect(self, host: str, port: int, rank: int, world_size: int) -> None:

@@ -33,10 +33,13 @@ def ray_session():
     """One local Ray cluster for a test module; `tests` importable by reward tasks (faulty_rewards)."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    yield
-    ray.shutdown()
+    from distrl.cluster.backend import loopback_cluster
+
+    with loopback_cluster():  # on 127.0.0.1 only, with a token of its own: nothing written to HOME
+        ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+        yield
+        ray.shutdown()
 
 
 def cli_env() -> dict[str, str]:

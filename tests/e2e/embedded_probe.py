@@ -40,5 +40,6 @@ found = {"listening": listening, "description": backend.description, "token_path
          "without_token": status(url, None), "with_token": status(url, token)}
 backend.close()
 found["token_left"] = bool(token_path and os.path.exists(token_path))
-found["env_left"] = [k for k in ("RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") if k in os.environ]
+found["env_left"] = [k for k in ("RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE")
+                     if k in os.environ]
 print(json.dumps(found))

@@ -15,10 +15,12 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
+from distrl.cluster.backend import loopback_cluster
 from distrl.driver import train
 from distrl.metrics import gauge_name
 
@@ -46,7 +48,8 @@ def query(port: int, promql: str) -> list[dict]:
 
 
 def ray_token() -> dict[str, str]:
-    """The header that the dashboard of a cluster started by `ray.init` wants (it turns token auth on)."""
+    """The header that the dashboard of a cluster started by `ray.init` wants (it turns token auth on): the token of
+    `loopback_cluster`, or the user's."""
     path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
     token = os.environ.get("RAY_AUTH_TOKEN") or (path.read_text().strip() if path.exists() else "")
     return {"Authorization": f"Bearer {token}"} if token else {}
@@ -62,6 +65,8 @@ def monitored_cluster(tmp_path, monkeypatch):
     binary, port, log = prometheus_server(), free_port(), tmp_path / "monitor.log"
     ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     monkeypatch.setenv("RAY_PROMETHEUS_HOST", f"http://127.0.0.1:{port}")  # read when the dashboard starts
+    token = ExitStack()  # a token of this cluster's own, nothing written to HOME (as distrl's embedded cluster)
+    token.enter_context(loopback_cluster())
     ctx = ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=free_port(),
                    _node_ip_address="127.0.0.1", _temp_dir=ray_dir,
                    runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
@@ -84,6 +89,7 @@ def monitored_cluster(tmp_path, monkeypatch):
             os.killpg(monitor.pid, signal.SIGKILL)
             monitor.wait()
         ray.shutdown()
+        token.close()
         shutil.rmtree(ray_dir, ignore_errors=True)
 
 
