@@ -84,7 +84,7 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
             cleanup.callback(backend.close)
         stop.take_back()  # ray.init installed its own SIGTERM handler
         stop.check("the cluster's start")
-        print(backend.description)
+        print(backend.description, flush=True)
         with startup("data"):
             tokenizer = load_tokenizer(cfg.model)
             prompts, data_stats = load_prompts(cfg.data, tokenizer)

@@ -14,12 +14,14 @@ from distrl.cluster import reaper
 psutil = pytest.importorskip("psutil")
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 # A stand-in for the driver: the reaper started from the driver itself, as RayBackend does (so the reaper is the
-# driver's first child), then a child that would outlive the driver.
-DRIVER = [sys.executable, "-c", "import os, subprocess, time\n"
-          "from distrl.cluster import reaper\n"
-          "reaper.start(os.getpid())\n"
-          f"subprocess.Popen({SLEEPER!r})\n"
-          "time.sleep(600)\n"]
+# driver's first child), with a directory to remove (the run's Ray token), then a child that would outlive the
+# driver.
+def driver_cmd(remove: str) -> list[str]:
+    return [sys.executable, "-c", "import os, subprocess, time\n"
+            "from distrl.cluster import reaper\n"
+            f"reaper.start(os.getpid(), [{remove!r}])\n"
+            f"subprocess.Popen({SLEEPER!r})\n"
+            "time.sleep(600)\n"]
 
 
 def wait_until(condition, timeout: float) -> bool:
@@ -31,9 +33,12 @@ def wait_until(condition, timeout: float) -> bool:
     return True
 
 
-def test_a_killed_drivers_descendants_are_ended_and_nothing_else():
+def test_a_killed_drivers_descendants_are_ended_and_nothing_else(tmp_path):
+    token = tmp_path / "distrl-ray-token"
+    token.mkdir()
+    (token / "auth_token").write_text("secret")
     bystander = subprocess.Popen(SLEEPER)
-    driver = subprocess.Popen(DRIVER)
+    driver = subprocess.Popen(driver_cmd(str(token)))
     try:
         assert wait_until(lambda: len(psutil.Process(driver.pid).children()) == 2, timeout=30)
         orphan, watcher = sorted(psutil.Process(driver.pid).children(), key=lambda p: "reaper" in " ".join(p.cmdline()))
@@ -43,6 +48,7 @@ def test_a_killed_drivers_descendants_are_ended_and_nothing_else():
         assert wait_until(lambda: not reaper._alive(orphan), timeout=reaper.GRACE_S + 10), "the orphan outlived it"
         assert wait_until(lambda: not reaper._alive(watcher), timeout=10)  # and the reaper is done
         assert bystander.poll() is None  # never under the driver: left alone
+        assert not token.exists()  # the run's token went with it
     finally:
         for proc in (driver, bystander):
             proc.kill()

@@ -137,7 +137,7 @@ class RayBackend(Backend):
                                dashboard_host=cfg.dashboard_host, _node_ip_address="127.0.0.1")
                 self._embedded = embedded.pop_all()
             # Ends Ray's agents if this process dies without shutting the cluster down (SIGKILL, OOM killer).
-            self._reaper = reaper.start(os.getpid())
+            self._reaper = reaper.start(os.getpid(), [str(token.parent)] if token else [])
             self.description = (f"ray: embedded cluster on 127.0.0.1, dashboard at "
                                 f"http://{ctx.dashboard_url or 'unavailable'}"
                                 + (f" (its token is in {token} while the run lasts)" if token else ""))

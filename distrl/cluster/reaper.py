@@ -6,15 +6,17 @@ with the driver, but Ray's dashboard agent and runtime-env agent outlive it (mea
 minutes later, holding their ports). `start(driver_pid)` spawns this module as a small process in its own session
 (so a Ctrl-C meant for the driver does not reach it). It records the driver's process tree every
 `POLL_S` seconds and, once the driver is gone, terminates every process it recorded that is still running, then
-kills what is left after `GRACE_S`. `RayBackend.close` stops it after a clean shutdown.
+kills what is left after `GRACE_S`, and removes the directories it was given (the run's Ray token).
+`RayBackend.close` stops it after a clean shutdown.
 
-    python -m distrl.cluster.reaper DRIVER_PID
+    python -m distrl.cluster.reaper DRIVER_PID [DIRECTORY ...]
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -23,9 +25,10 @@ POLL_S = 0.5
 GRACE_S = 3.0
 
 
-def start(driver_pid: int) -> subprocess.Popen:
-    """Watch `driver_pid`'s process tree from a separate process; returns that process."""
-    return subprocess.Popen([sys.executable, "-m", "distrl.cluster.reaper", str(driver_pid)],
+def start(driver_pid: int, remove: list[str] | tuple[str, ...] = ()) -> subprocess.Popen:
+    """Watch `driver_pid`'s process tree from a separate process, which also removes the directories `remove` once
+    the driver is gone; returns that process."""
+    return subprocess.Popen([sys.executable, "-m", "distrl.cluster.reaper", str(driver_pid), *remove],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
 
@@ -72,3 +75,5 @@ def watch(driver_pid: int) -> list[int]:
 
 if __name__ == "__main__":
     watch(int(sys.argv[1]))
+    for directory in sys.argv[2:]:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -5,6 +5,7 @@ quickstart against a local cluster that the test starts (token auth on, 127.0.0.
 stops, leaving any other cluster on the machine alone."""
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -62,9 +63,11 @@ def test_sigkill_of_the_driver_leaves_no_ray_process_behind_and_resume_gives_the
     proc, metrics = start_quickstart(tmp_path, *run)
     cluster = psutil.Process(proc.pid).children(recursive=True)
     proc.kill()
-    proc.communicate(timeout=30)
+    out, _ = proc.communicate(timeout=30)
     running = all_ended(cluster, timeout=20)
     assert not running, [(p.pid, p.name()) for p in cluster if p.pid in running]
+    token = re.search(r"its token is in (\S+) while the run lasts", out)  # absent when the user has a token
+    assert token is None or not Path(token[1]).exists(), "the run's Ray token outlived it"
     killed_at = len(metrics.read_text().splitlines())
     assert 2 <= killed_at < 6
 
