@@ -125,6 +125,9 @@ def test_work_done_in_time_but_collected_late_is_not_late():
     """The driver may be busy elsewhere (a weight push, a checkpoint) while a call finishes: past its deadline but
     done, it is collected, not reported."""
     producer = hanging_producer(Echo)
-    done = Done(1)
+    done, other = Done(1), Done(2)
     producer._due(done, time.perf_counter() - 1.0, "learner-0's update")
     assert producer._step([done]) == [done]
+    # Past its deadline, ready, but not among what one wait returned (a Ray wait returns one handle at a time).
+    producer._due(done, time.perf_counter() - 1.0, "learner-0's update")
+    producer._raise_if_late([done, other], [other], time.perf_counter())

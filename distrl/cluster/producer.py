@@ -265,11 +265,13 @@ class Producer:
         return max(0.0, min(due) - now) if due else None
 
     def _raise_if_late(self, waiting: list[Any], done: list[Any], now: float) -> None:
-        """A handle past its deadline at `now` that was still not done in the wait after it is late. (One done in
-        time but not yet collected, because the driver was busy elsewhere, is not.)"""
+        """A handle past its deadline at `now` that is still not done is late. (One done in time but not yet
+        collected, because the driver was busy elsewhere or a wait returns one handle at a time, is not.)"""
         for h in waiting:
             if h in self.deadlines and self.deadlines[h][0] <= now and not any(h is d for d in done):
-                raise TimeoutError(self.deadlines[h][1])
+                ready, _ = self.backend.wait([h], timeout=0)
+                if not ready:
+                    raise TimeoutError(self.deadlines[h][1])
 
     def starting(self) -> set[int]:
         """Actors being replaced: weight pushes leave them out (they load the weights when they are ready)."""
