@@ -203,9 +203,10 @@ class RunDir:
         print(f"\nreward per step: {spark}  (min {lo:.3f}, max {hi:.3f})")
         print(f"mean reward, first {k} step(s): {statistics.fmean(rewards[:k]):.3f}  ->  "
               f"last {k} step(s): {statistics.fmean(rewards[-k:]):.3f}")
-        print(f"metrics: {self.path / 'metrics.jsonl'}")
+        shown = Path(self.cfg.run.output_dir) / self.cfg.run.name  # as the user wrote it
+        print(f"metrics: {shown / 'metrics.jsonl'}")
         if self.cfg.run.tensorboard:
-            print(f"tensorboard: tensorboard --logdir {self.path / 'tensorboard'}")
+            print(f"tensorboard: tensorboard --logdir {shown / 'tensorboard'}")
 
     def close(self) -> None:
         if self.bar is not None:
