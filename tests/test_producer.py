@@ -37,7 +37,7 @@ def test_a_death_reported_twice_replaces_the_actor_once():
     stream = PromptStream([Prompt(0, "1+1=", [1, 2])], seed=0, shuffle=False)
     producer = Producer(group, stream, RewardConfig(), prompts_per_step=2,
                         max_staleness=0, chunk_prompts=None, dynamic_sampling=None, load_weights=load_weights,
-                        recovery=RecoveryConfig(max_restarts=1))
+                        recovery=RecoveryConfig(max_restarts=1), call_timeout_s=60.0)
     producer.lost(1, 0, ActorLost("killed"))
     producer.lost(1, 0, ActorLost("killed"))
     assert replaced == [1] and group.incarnations == [0, 1] and group.name(1) == "rollout-1 (replacement 1)"
@@ -62,7 +62,8 @@ def test_a_chunk_that_returns_after_its_engine_was_replaced_does_not_hand_the_en
     group: LocalGroup = LocalGroup("rollout", LocalBackend(), lambda i, incarnation: Echo(), 1)
     stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(4)], seed=0, shuffle=False)
     producer = Producer(group, stream, RewardConfig(), prompts_per_step=2, max_staleness=0, chunk_prompts=None,
-                        dynamic_sampling=None, load_weights=lambda i: Done(0), recovery=RecoveryConfig())
+                        dynamic_sampling=None, load_weights=lambda i: Done(0), recovery=RecoveryConfig(),
+                        call_timeout_s=60.0)
     producer._admit()  # the chunk is done (local calls run at once) but not yet collected
     producer.lost_in_push({0: (0, ActorLost("killed in load_weights"))})
     batch, stats = producer.next_batch(step=1)
@@ -84,7 +85,7 @@ def test_a_replacement_that_never_serves_ends_the_run_naming_it():
     stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(4)], seed=0, shuffle=False)
     producer = Producer(group, stream, RewardConfig(), prompts_per_step=2, max_staleness=0, chunk_prompts=None,
                         dynamic_sampling=None, load_weights=lambda i: Done("never"),
-                        recovery=RecoveryConfig(start_timeout_s=0.05))
+                        recovery=RecoveryConfig(start_timeout_s=0.05), call_timeout_s=60.0)
     producer.lost(0, 0, ActorLost("killed"))
     with pytest.raises(TimeoutError, match=r"rollout actor rollout-0 \(replacement 1\) does not serve within "
                                            r"cluster\.recovery\.start_timeout_s = 0\.05 s of being replaced: its "

@@ -108,7 +108,7 @@ class Producer:
     def __init__(self, actors: ActorGroup[RolloutWorker], stream: PromptStream, reward: RewardConfig, *,
                  prompts_per_step: int, max_staleness: int, chunk_prompts: int | None,
                  dynamic_sampling: DynamicSamplingConfig | None, load_weights: Callable[[int], Any] | None,
-                 recovery: RecoveryConfig, call_timeout_s: float = 3600.0, version: int = 0):
+                 recovery: RecoveryConfig, call_timeout_s: float, version: int = 0):
         self.actors, self.backend, self.stream, self.reward = actors, actors.backend, stream, reward
         self.load_weights, self.recovery, self.call_timeout_s = load_weights, recovery, call_timeout_s
         self.batch, self.k, self.filter = prompts_per_step, max_staleness, dynamic_sampling

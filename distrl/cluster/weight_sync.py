@@ -52,7 +52,7 @@ class WeightSync(ABC):
     a time, in submission order), so it switches versions between two generation chunks."""
 
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
-                 bucket_bytes: int, timeout_s: float, verify: bool = True):
+                 bucket_bytes: int, timeout_s: float, verify: bool):
         self.learners, self.rollouts = learners, rollouts
         self.dtype, self.timeout_s, self.verify = dtype, timeout_s, verify
         self.backend = learners.backend
@@ -131,7 +131,7 @@ class ObjectStoreSync(WeightSync):
 
 class NcclSync(WeightSync):
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
-                 bucket_bytes: int, timeout_s: float, verify: bool = True):
+                 bucket_bytes: int, timeout_s: float, verify: bool):
         super().__init__(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
         assert isinstance(learners, RayGroup), "NCCL weight sync needs Ray actors on GPUs"
         host = learners.node_ip(0)

@@ -58,7 +58,7 @@ def generate_and_score(roles, prompts, reward) -> ScoredRollouts:
     """One batch of `prompts` through the producer (every prompt once, in order)."""
     producer = Producer(roles.rollout, PromptStream(prompts, shuffle=False), reward, prompts_per_step=len(prompts),
                         max_staleness=0, chunk_prompts=None, dynamic_sampling=None, load_weights=roles.sync.push_one,
-                        recovery=RecoveryConfig())
+                        recovery=RecoveryConfig(), call_timeout_s=600.0)
     return producer.next_batch(step=1)[0]
 
 
