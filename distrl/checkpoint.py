@@ -1,16 +1,20 @@
 """Checkpoint layout: RUN_DIR/checkpoints/step_NNNNNN/ holds
 
-    model/                      the policy in HF format (save_pretrained), loadable by transformers and vLLM
-    learner_state.safetensors   the optimizer's tensors (Adam moments, step counts), keyed by their place in the state
-    learner_state.json          the rest of the optimizer and scheduler state and the learner's counters
+    policy/                     the policy learners' part (`write_trainer`)
+      model/                    the policy in HF format (save_pretrained), loadable by transformers and vLLM
+      trainer_state.safetensors the optimizer's tensors (Adam moments, step counts), keyed by their place in the state
+      trainer_state.json        the rest of the optimizer and scheduler state and the trainer's counters
+    critic/                     the critic's part, the same way, when the run trains one
     driver_state.json           the driver's state (step, data iterator position)
-    manifest.json               every other file's size and SHA-256, written last
+    manifest.json               every other file's size and SHA-256, and the parts, written last
 
 No file is a pickle, so loading a checkpoint cannot run code that someone put in it: state dicts are split into
 their tensors (safetensors) and a JSON tree in which each tensor is replaced by its key.
 
-A checkpoint is complete or absent: learner 0 writes it on its own node into a temporary sibling, flushes every file
-to disk, writes the manifest and only then renames the directory into place (`write`). On resume the driver takes
+A checkpoint is complete or absent. The driver makes a temporary sibling (`begin`), each trainer writes its part
+into it and flushes every file to disk (`write_trainer`), and the driver writes its own state and the manifest and
+only then renames the directory into place (`finish`); the run directory is storage the driver and every learner
+share (the driver checks it before the first step). On resume the driver takes
 the newest checkpoint whose files match their manifest (`newest_usable`), naming each newer one it refuses and
 why (a missing, truncated or altered file), and every learner reads it on its own: with learners on several nodes,
 `run.output_dir` must be storage they all see. `prune` keeps the newest `run.keep_checkpoints`.
@@ -29,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 PREFIX = "step_"
-LEARNER_STATE = "learner_state"
+TRAINER_STATE = "trainer_state"
+FORMAT = 2
 MANIFEST = "manifest.json"
 # Markers of the JSON tree for what JSON cannot say itself; a plain object never has exactly one of these keys.
 TENSOR, TUPLE, INT_KEYS = "__tensor__", "__tuple__", "__int_keys__"
@@ -99,28 +104,58 @@ def driver_state(path: Path) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- whole checkpoint
-def write(directory: str | Path, model, learner_state: dict, driver: dict) -> Path:
-    """Write `model` (HF format), `learner_state` (`save_state`) and `driver` (JSON) to `directory`, atomically:
-    everything goes to a temporary sibling first, renamed when complete. Returns the directory."""
+def begin(directory: str | Path) -> Path:
+    """An empty temporary sibling of checkpoint `directory` for the trainers to write their parts into (`finish`
+    makes it the checkpoint). The driver calls it; the run directory is shared with every learner."""
     final = Path(directory)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "model", safe_serialization=True)
-    save_state(learner_state, tmp, LEARNER_STATE)
+    return tmp
+
+
+def write_trainer(directory: str | Path, model, trainer_state: dict) -> None:
+    """One trained model's part of a checkpoint, in `directory` (e.g. TMP/policy): `model` in HF format under
+    model/ (None: its weights are in `trainer_state`), and `trainer_state` (`save_state`). Every file is flushed
+    to disk before this returns, on the writer's node."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    if model is not None:
+        model.save_pretrained(path / "model", safe_serialization=True)
+    save_state(trainer_state, path, TRAINER_STATE)
+    for file in path.rglob("*"):
+        if file.is_file():
+            _fsync(file)
+
+
+def finish(tmp: Path, driver: dict, parts: tuple[str, ...]) -> Path:
+    """Complete the checkpoint whose `parts` (`write_trainer` directories, e.g. `policy`) are in `tmp` (`begin`):
+    write `driver` (JSON) and the manifest, then rename it into place. Returns the checkpoint directory."""
+    final = tmp.with_name(tmp.name.removesuffix(".tmp"))
     (tmp / "driver_state.json").write_text(json.dumps(driver))
+    _fsync(tmp / "driver_state.json")
     # Data on disk before the manifest, and the manifest before the rename: a crash at any point leaves either the
     # previous checkpoint or this one complete, never a directory that looks complete and is not.
-    files = {}
-    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        files[path.relative_to(tmp).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-        _fsync(path)
-    (tmp / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1))
+    files = {path.relative_to(tmp).as_posix(): {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+             for path in sorted(p for p in tmp.rglob("*") if p.is_file())}
+    missing = [f"{part}/{TRAINER_STATE}.json" for part in parts if f"{part}/{TRAINER_STATE}.json" not in files]
+    if missing:
+        raise RuntimeError(f"checkpoint {final}: {', '.join(missing)} was not written")
+    (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "parts": list(parts), "files": files}, indent=1))
     _fsync(tmp / MANIFEST)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     _fsync(final.parent)
     return final
+
+
+def write(directory: str | Path, parts: dict[str, tuple[Any, dict]], driver: dict) -> Path:
+    """`begin`, `write_trainer` for each part (name -> (model or None, trainer_state)), `finish`: a checkpoint written
+    by one process."""
+    tmp = begin(directory)
+    for name, (model, state) in parts.items():
+        write_trainer(tmp / name, model, state)
+    return finish(tmp, driver, tuple(parts))
 
 
 def seen_digest(path: str | Path) -> str | None:
@@ -147,7 +182,8 @@ def _fsync(path: Path) -> None:
 
 
 def load_model(directory: str | Path, model) -> None:
-    """Load the checkpoint's policy weights into `model`, which must have exactly the same parameters."""
+    """Load the HF weights a part of a checkpoint holds (`write_trainer`'s model/) into `model`, which must have
+    exactly the same parameters."""
     from safetensors.torch import load_file
 
     path = Path(directory)
@@ -174,6 +210,9 @@ def problem(directory: str | Path, checksums: bool = True) -> str | None:
     files = _manifest(path)
     if isinstance(files, str):
         return f"checkpoint {path}: {files}"
+    if not files:
+        return (f"checkpoint {path} was written by an older distrl (one learner's files at the top, format 1); it "
+                f"cannot be resumed by this version. Start afresh (run.overwrite=true, run.resume=false)")
     for name, expected in files.items():
         wrong = _file_problem(path / name, expected, checksums)
         if wrong:
@@ -182,15 +221,19 @@ def problem(directory: str | Path, checksums: bool = True) -> str | None:
 
 
 def _manifest(path: Path) -> dict[str, dict] | str:
-    """The manifest's files (name -> bytes, sha256), or what is wrong with it."""
+    """The manifest's files (name -> bytes, sha256; empty for an older format), or what is wrong with it."""
     try:
-        files = json.loads((path / MANIFEST).read_text())["files"]
+        manifest = json.loads((path / MANIFEST).read_text())
+        files, fmt = manifest["files"], manifest.get("format")
     except FileNotFoundError:
         return f"has no {MANIFEST}: it was not completely written (or was written by an older distrl)"
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return f"{MANIFEST} is damaged (not the JSON that distrl writes)"
-    missing = [n for n in (f"{LEARNER_STATE}.json", f"{LEARNER_STATE}.safetensors", "driver_state.json")
-               if n not in files]
+    if fmt != FORMAT:
+        return {}
+    needed = ["driver_state.json", *(f"{part}/{TRAINER_STATE}.{ext}" for part in manifest.get("parts", [])
+                                     for ext in ("json", "safetensors"))]
+    missing = [n for n in needed if n not in files]
     return f"{MANIFEST} does not list {', '.join(missing)}" if missing else files
 
 
@@ -205,13 +248,15 @@ def _file_problem(file: Path, expected: dict, checksums: bool) -> str | None:
     return None
 
 
-def load_learner_state(directory: str | Path) -> dict:
-    """The `learner_state` that `write` saved, tensors on CPU. The files' sizes are checked against the manifest
-    here; their checksums were checked by the driver when it chose the checkpoint (`newest_usable`)."""
-    unusable = problem(directory, checksums=False)
+def load_trainer_state(directory: str | Path) -> dict:
+    """The `trainer_state` that `write_trainer` saved in the part `directory` of a checkpoint, tensors on CPU. The
+    files' sizes are checked against the manifest here; their checksums were checked by the driver when it chose the
+    checkpoint (`newest_usable`)."""
+    part = Path(directory)
+    unusable = problem(part.parent, checksums=False)
     if unusable:
         raise RuntimeError(unusable)
-    return load_state(Path(directory), LEARNER_STATE)
+    return load_state(part, TRAINER_STATE)
 
 
 # ----------------------------------------------------------------------------------------------- state dicts

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from distrl import checkpoint, preflight
+from distrl import checkpoint, merging, preflight
 from distrl.algo import metrics_by_staleness
 from distrl.batching import advantages, pad
 from distrl.cluster.backend import Backend, connect
@@ -30,7 +30,7 @@ from distrl.metrics import BusyClock, PhaseTimer
 from distrl.run_dir import RunDir
 from distrl.stop import StopOnSignal, Stopped
 from distrl.types import ScoredRollouts, Sequences, TrainBatch
-from distrl.workers.learner import Learner, merge_metrics
+from distrl.workers.learner import Learner
 from distrl.workers.model import load_tokenizer
 from distrl.workers.reference import ReferenceWorker
 from distrl.workers.rollout import RolloutWorker
@@ -292,7 +292,8 @@ def finish_update(job: Job, handles: list[Any], batch: TrainBatch, step: int) ->
     learners, and the correction by staleness where the update took the old log-probs from its own forward pass."""
     results = job.producer.wait_for(handles, calls(job.roles.learner, "update", handles))
     job.learner_clock.stop()
-    metrics = merge_metrics(results)
+    figs = merging.merge(results, [r["learner/tokens"].value for r in results])
+    metrics = merging.values(figs)
     if batch.old_logprobs is None:
         # One mini-batch: learner k's shard is the k-th contiguous block of rows (TrainBatch.shard).
         old = torch.cat(job.roles.backend.answer(job.roles.learner.map(Learner.proximal_logprobs),
@@ -326,13 +327,14 @@ def calls(group: ActorGroup | None, what: str, handles: list[Any] | None) -> lis
 
 
 def save_checkpoint(job: Job) -> Path:
-    """Checkpoint the last finished step (learner 0 writes it and prunes the older ones)."""
+    """Checkpoint the last finished step: every learner writes its part into a temporary directory, then the driver
+    completes it (`checkpoint.finish`) and prunes the older ones."""
     path = checkpoint.path_for(job.run.path, job.last_step)
-    job.roles.backend.answer(job.roles.learner.call(0, Learner.save_checkpoint, str(path),
-                                                    {"step": job.last_step, "data": job.stream.state_dict()},
-                                                    job.cfg.run.keep_checkpoints),
-                             f"{job.roles.learner.name(0)}'s checkpoint of step {job.last_step}",
-                             job.cfg.cluster.call_timeout_s)
+    tmp = checkpoint.begin(path)
+    job.roles.backend.answer(job.roles.learner.map(Learner.save_checkpoint, str(tmp / "policy")),
+                             f"the learners' checkpoint of step {job.last_step}", job.cfg.cluster.call_timeout_s)
+    checkpoint.finish(tmp, {"step": job.last_step, "data": job.stream.state_dict()}, parts=("policy",))
+    checkpoint.prune(job.run.path, job.cfg.run.keep_checkpoints)
     job.checkpointed = job.last_step
     return path
 
@@ -369,7 +371,7 @@ def restore(found: Path | None, job: Job, roles: Roles) -> None:
     """Load checkpoint `found` (if any; the job is at its step) into every learner and the prompt stream, and
     forget metrics rows logged after it."""
     if found:
-        roles.backend.answer(roles.learner.map(Learner.load_checkpoint, str(found)),
+        roles.backend.answer(roles.learner.map(Learner.load_checkpoint, str(found / "policy"), job.last_step),
                              f"the learners' load of {found}", job.cfg.cluster.call_timeout_s)
         job.stream.load_state_dict(checkpoint.driver_state(found)["data"])
         print(f"resumed from {found} (step {job.last_step})")

@@ -65,35 +65,35 @@ class WeightsOnly:
 
 def saved(run_dir: Path, step: int) -> Path:
     state = {"optimizer": {"state": {0: {"exp_avg": torch.ones(8)}}}, "optimizer_steps": step}
-    return checkpoint.write(path_for(run_dir, step), WeightsOnly(), state, {"step": step})
+    return checkpoint.write(path_for(run_dir, step), {"policy": (WeightsOnly(), state)}, {"step": step})
 
 
 def test_a_written_checkpoint_lists_every_file_with_its_size_and_checksum(tmp_path):
     path = saved(tmp_path, 3)
     files = json.loads((path / "manifest.json").read_text())["files"]
-    assert sorted(files) == ["driver_state.json", "learner_state.json", "learner_state.safetensors",
-                             "model/model.safetensors"]
+    assert sorted(files) == ["driver_state.json", "policy/model/model.safetensors", "policy/trainer_state.json",
+                             "policy/trainer_state.safetensors"]
     assert files["driver_state.json"]["bytes"] == len('{"step": 3}')
     assert checkpoint.problem(path) is None
-    assert checkpoint.load_learner_state(path)["optimizer_steps"] == 3
+    assert checkpoint.load_trainer_state(path / "policy")["optimizer_steps"] == 3
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
 
 
 def _truncate(path: Path) -> None:
-    file = path / "model" / "model.safetensors"
+    file = path / "policy" / "model" / "model.safetensors"
     file.write_bytes(file.read_bytes()[:-10])
 
 
 def _flip_a_byte(path: Path) -> None:
-    file = path / "learner_state.safetensors"
+    file = path / "policy" / "trainer_state.safetensors"
     data = bytearray(file.read_bytes())
     data[-1] ^= 0xFF
     file.write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize("damage,message,seen_without_checksums", [
-    (_truncate, r"model/model\.safetensors has \d+ bytes, the manifest says \d+ \(truncated\?\)", True),
-    (_flip_a_byte, r"learner_state\.safetensors does not match its SHA-256", False),
+    (_truncate, r"policy/model/model\.safetensors has \d+ bytes, the manifest says \d+ \(truncated\?\)", True),
+    (_flip_a_byte, r"policy/trainer_state\.safetensors does not match its SHA-256", False),
     (lambda p: (p / "driver_state.json").unlink(), r"driver_state\.json is missing", True),
     (lambda p: (p / "manifest.json").unlink(), r"has no manifest\.json: it was not completely written", True),
     (lambda p: (p / "manifest.json").write_text("{"), r"manifest\.json is damaged", True),
@@ -107,7 +107,19 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path, damage, messa
     assert (checkpoint.problem(path, checksums=False) is not None) == seen_without_checksums
     if seen_without_checksums:
         with pytest.raises(RuntimeError, match="step_000001"):
-            checkpoint.load_learner_state(path)
+            checkpoint.load_trainer_state(path / "policy")
+
+
+def test_a_part_that_was_not_written_fails_the_checkpoint_and_an_older_format_is_named(tmp_path):
+    tmp = checkpoint.begin(path_for(tmp_path, 1))
+    checkpoint.write_trainer(tmp / "policy", None, {"optimizer_steps": 1})
+    with pytest.raises(RuntimeError, match=r"critic/trainer_state\.json was not written"):
+        checkpoint.finish(tmp, {"step": 1}, ("policy", "critic"))
+    assert checkpoint.latest(tmp_path) is None  # still only the temporary directory
+    old = path_for(tmp_path, 2)
+    old.mkdir(parents=True)
+    (old / "manifest.json").write_text(json.dumps({"format": 1, "files": {}}))
+    assert "written by an older distrl" in checkpoint.problem(old)
 
 
 def test_resume_falls_back_to_the_newest_complete_checkpoint_and_sets_the_damaged_aside(tmp_path):

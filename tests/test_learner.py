@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from distrl import checkpoint
 from distrl.config import CorrectionConfig, LearnerConfig, LossConfig, ModelConfig
+from distrl.merging import Figure, Merge, merge, values
 from distrl.types import Sequences, TrainBatch
-from distrl.workers.learner import Learner, NonFiniteError
+from distrl.workers.learner import Learner, NonFiniteError, loss_figures
 
 
 def make_learner(model_dir, loss: LossConfig | None = None, **learner) -> Learner:
@@ -40,6 +42,17 @@ def scored(learner: Learner, data: TrainBatch) -> TrainBatch:
     return replace(data, old_logprobs=learner.logprobs(data.sequences))
 
 
+def update(learner: Learner, data: TrainBatch) -> dict[str, float]:
+    return values(learner.update(data))
+
+
+def save(learner: Learner, path: Path, step: int) -> Path:
+    """A checkpoint of `learner` alone at `path`, written as the driver has it written."""
+    tmp = checkpoint.begin(path)
+    learner.save_checkpoint(str(tmp / "policy"))
+    return checkpoint.finish(tmp, {"step": step}, ("policy",))
+
+
 def weights(learner: Learner) -> dict[str, torch.Tensor]:
     (everything,) = learner.weight_specs(2**40, "float32")
     return learner.weight_bucket(everything, "float32")
@@ -51,7 +64,7 @@ def test_micro_batches_give_the_full_batch_gradient(tiny_model_dir, micro_batch_
     for size in (8, micro_batch_size):
         learner = sgd(make_learner(tiny_model_dir, micro_batch_size=size))
         before = weights(learner)
-        learner.update(scored(learner, batch()))
+        update(learner, scored(learner, batch()))
         deltas.append({k: v - before[k] for k, v in weights(learner).items()})
     whole, micro = deltas
     worst = max(((whole[k] - micro[k]).abs().max() / whole[k].abs().max().clamp(min=1e-12)).item() for k in whole)
@@ -63,7 +76,7 @@ def test_metrics_are_token_means_over_the_whole_batch(tiny_model_dir):
     # the figure one micro-batch of 8 reports (mismatch_kl = mean over tokens of rollout - old = -old here).
     loss = LossConfig(correction=CorrectionConfig(mode="tis", low=0.0, high=2.0))
     reports = [make_learner(tiny_model_dir, loss, micro_batch_size=size) for size in (8, 4)]
-    whole, split = (learner.update(scored(learner, batch())) for learner in reports)
+    whole, split = (update(learner, scored(learner, batch())) for learner in reports)
     assert split["mismatch_kl"] == pytest.approx(whole["mismatch_kl"], rel=1e-5)
     assert whole["learner/tokens"] == split["learner/tokens"] == 40
 
@@ -71,8 +84,9 @@ def test_metrics_are_token_means_over_the_whole_batch(tiny_model_dir):
 def sgd(learner: Learner) -> Learner:
     """Plain SGD with lr 1: the weight change is the gradient (Adam's first step, ~lr x sign(g), would turn float
     rounding in near-zero gradients into visible weight differences)."""
-    learner.optimizer = torch.optim.SGD(learner.params, lr=1.0)
-    learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda _: 1.0)
+    trainer = learner.trainer
+    trainer.optimizer = torch.optim.SGD(trainer.params, lr=1.0)
+    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda _: 1.0)
     return learner
 
 
@@ -84,8 +98,8 @@ def test_old_logprobs_taken_from_the_update_equal_recomputed_ones(tiny_model_dir
     given, taken = (sgd(make_learner(tiny_model_dir, loss, micro_batch_size=micro_batch_size)) for _ in range(2))
     before = weights(given)
     recomputed = scored(given, batch())
-    given_metrics = given.update(recomputed)
-    taken_metrics = taken.update(replace(batch(), old_logprobs=None))
+    given_metrics = update(given, recomputed)
+    taken_metrics = update(taken, replace(batch(), old_logprobs=None))
     assert torch.allclose(taken.proximal_logprobs(), recomputed.old_logprobs, atol=1e-6)  # rows in order
     a, b = weights(given), weights(taken)
     worst = max(((a[k] - b[k]).abs().max() / (a[k] - before[k]).abs().max().clamp(min=1e-12)).item() for k in a)
@@ -98,10 +112,10 @@ def test_old_logprobs_are_taken_from_the_update_only_for_one_optimizer_step(tiny
     learner = make_learner(tiny_model_dir)
     no_old = replace(batch(), old_logprobs=None)
     with pytest.raises(ValueError, match="one optimizer step"):
-        learner.update(TrainBatch.concat([no_old, no_old]))  # two mini-batches of 8
+        update(learner, TrainBatch.concat([no_old, no_old]))  # two mini-batches of 8
     with pytest.raises(ValueError, match="one optimizer step"):
         make_learner(tiny_model_dir, ppo_epochs=2).update(no_old)
-    learner.update(scored(learner, batch()))
+    update(learner, scored(learner, batch()))
     with pytest.raises(RuntimeError, match="was given its old log-probs"):
         learner.proximal_logprobs()
 
@@ -111,7 +125,7 @@ def test_update_raises_logprobs_of_positive_advantage_samples(tiny_model_dir):
     data = batch()
     before = learner.logprobs(data.sequences)
     for _ in range(3):
-        metrics = learner.update(scored(learner, data))
+        metrics = update(learner, scored(learner, data))
     delta = ((learner.logprobs(data.sequences) - before) * data.response_mask).sum(-1)
     assert delta[-1] > 0 > delta[0]  # advantages run from -1 (row 0) to +1 (row 7)
     assert metrics["learner/optimizer_steps"] == 3 and metrics["learner/skipped_steps"] == 0
@@ -121,11 +135,11 @@ def test_update_raises_logprobs_of_positive_advantage_samples(tiny_model_dir):
 def test_non_finite_steps_are_skipped_then_stop(tiny_model_dir):
     learner = make_learner(tiny_model_dir, max_consecutive_nonfinite=2)
     before = weights(learner)
-    metrics = learner.update(scored(learner, batch(advantage=float("nan"))))
+    metrics = update(learner, scored(learner, batch(advantage=float("nan"))))
     assert metrics["learner/skipped_steps"] == 1 and metrics["learner/optimizer_steps"] == 0
     assert all(torch.equal(before[k], v) for k, v in weights(learner).items())
     with pytest.raises(NonFiniteError, match="2 consecutive optimizer steps"):
-        learner.update(scored(learner, batch(advantage=float("nan"))))
+        update(learner, scored(learner, batch(advantage=float("nan"))))
 
 
 def test_a_checkpoint_resumes_the_learner_exactly(tiny_model_dir, tmp_path):
@@ -134,35 +148,37 @@ def test_a_checkpoint_resumes_the_learner_exactly(tiny_model_dir, tmp_path):
     data = batch()
     run = make_learner(tiny_model_dir, **settings)
     for advantage in (1.0, float("nan"), 1.0):  # the skipped step must be counted after resuming too
-        run.update(scored(run, batch(advantage)))
-    path = run.save_checkpoint(str(tmp_path / "step_000003"), {"step": 3})
+        update(run, scored(run, batch(advantage)))
+    path = save(run, tmp_path / "step_000003", 3)
 
     resumed = make_learner(tiny_model_dir, **settings)
-    resumed.load_checkpoint(path)
-    saved, loaded = run.optimizer.state_dict(), resumed.optimizer.state_dict()
+    resumed.load_checkpoint(str(path / "policy"), 3)
+    assert resumed.weights_version() == 3
+    run_t, resumed_t = run.trainer, resumed.trainer
+    saved, loaded = run_t.optimizer.state_dict(), resumed_t.optimizer.state_dict()
     assert loaded["param_groups"] == saved["param_groups"]  # betas still a tuple, initial_lr kept
-    assert saved["state"].keys() == loaded["state"].keys() and len(saved["state"]) == len(run.params)
+    assert saved["state"].keys() == loaded["state"].keys() and len(saved["state"]) == len(run_t.params)
     for i, state in saved["state"].items():
         assert state.keys() == loaded["state"][i].keys()
         assert all(torch.equal(state[k], loaded["state"][i][k]) for k in state)
-    assert resumed.scheduler.state_dict() == run.scheduler.state_dict()
-    assert resumed.scheduler.get_last_lr() == run.scheduler.get_last_lr()
-    assert (resumed.optimizer_steps, resumed.skipped_steps, resumed._consecutive_nonfinite) == (2, 1, 0)
+    assert resumed_t.scheduler.state_dict() == run_t.scheduler.state_dict()
+    assert resumed_t.scheduler.get_last_lr() == run_t.scheduler.get_last_lr()
+    assert (resumed_t.optimizer_steps, resumed_t.skipped_steps, resumed_t.consecutive_nonfinite) == (2, 1, 0)
     assert all(torch.equal(weights(run)[k], v) for k, v in weights(resumed).items())
 
-    after_run, after_resumed = run.update(scored(run, data)), resumed.update(scored(resumed, data))
+    after_run, after_resumed = update(run, scored(run, data)), update(resumed, scored(resumed, data))
     assert after_resumed["learner/lr"] == after_run["learner/lr"]
     assert all(torch.equal(weights(run)[k], v) for k, v in weights(resumed).items())
 
 
 def test_a_checkpoint_holds_no_pickle(tiny_model_dir, tmp_path, monkeypatch):
     learner = make_learner(tiny_model_dir)
-    learner.update(scored(learner, batch()))
-    path = Path(learner.save_checkpoint(str(tmp_path / "step_000001"), {"step": 1}))
+    update(learner, scored(learner, batch()))
+    path = save(learner, tmp_path / "step_000001", 1)
     files = [f for f in path.rglob("*") if f.is_file()]
     assert {f.relative_to(path).as_posix() for f in files} >= {
-        "model/config.json", "model/model.safetensors", "learner_state.safetensors", "learner_state.json",
-        "driver_state.json"}
+        "policy/model/config.json", "policy/model/model.safetensors", "policy/trainer_state.safetensors",
+        "policy/trainer_state.json", "driver_state.json", "manifest.json"}
     assert all(f.suffix in (".safetensors", ".json") for f in files), files
     # torch.save writes a zip archive (PK), older versions and pickle.dump a stream opening with PROTO (0x80).
     assert not [f for f in files if f.read_bytes()[:4] == b"PK\x03\x04" or f.read_bytes()[:1] == b"\x80"]
@@ -173,4 +189,15 @@ def test_a_checkpoint_holds_no_pickle(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "load", refuse)
     monkeypatch.setattr(pickle, "load", refuse)
     monkeypatch.setattr(pickle, "loads", refuse)
-    make_learner(tiny_model_dir).load_checkpoint(str(path))
+    make_learner(tiny_model_dir).load_checkpoint(str(path / "policy"), 1)
+
+
+def test_loss_figures_say_how_they_merge_over_micro_batches_and_learners():
+    figs = loss_figures({"loss/policy": 0.25, "is_weight_min": 0.5, "is_weight_max": 1.5, "clip_frac": 0.1})
+    assert figs == {"loss/policy": Figure(0.25, Merge.SUM), "is_weight_min": Figure(0.5, Merge.MIN),
+                    "is_weight_max": Figure(1.5, Merge.MAX), "clip_frac": Figure(0.1, Merge.TOKEN_MEAN)}
+    # clip_frac 0.1 over 30 tokens and 0.3 over 10 tokens: (3 + 3) / 40 = 0.15 of all tokens were clipped
+    other = loss_figures({"loss/policy": 0.5, "is_weight_min": 0.8, "is_weight_max": 2.0, "clip_frac": 0.3})
+    assert values(merge([figs, other], [30.0, 10.0])) == pytest.approx(
+        {"loss/policy": 0.75, "is_weight_min": 0.5, "is_weight_max": 2.0, "clip_frac": 0.15})
+

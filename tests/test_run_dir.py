@@ -18,7 +18,6 @@ from distrl.preflight import PreflightError
 from distrl.run_dir import RunDir
 from distrl.types import Prompt, Rollouts, ScoredRollouts
 from distrl.workers.device import granted_device
-from distrl.workers.learner import merge_metrics
 from distrl.workers.rollout import request_seed
 from tests.test_checkpoint import saved
 
@@ -121,14 +120,6 @@ def test_resume_of_a_run_without_a_usable_checkpoint_is_refused_rather_than_rest
     with pytest.raises(FileExistsError, match="only checkpoints set aside as damaged"):
         RunDir(cfg(tmp_path, ("resume", True)))
     assert (run.path / "metrics.jsonl").read_text().count("\n") == 3  # untouched
-
-
-def test_merge_metrics_keeps_min_and_max_and_weights_means_by_tokens():
-    # clip_frac 0.1 over 30 tokens and 0.3 over 10 tokens: (3 + 3) / 40 = 0.15 of all tokens were clipped
-    merged = merge_metrics([{"is_weight_min": 0.5, "is_weight_max": 1.5, "clip_frac": 0.1, "learner/tokens": 30.0},
-                            {"is_weight_min": 0.8, "is_weight_max": 2.0, "clip_frac": 0.3, "learner/tokens": 10.0}])
-    assert merged == pytest.approx({"is_weight_min": 0.5, "is_weight_max": 2.0, "clip_frac": 0.15,
-                                    "learner/tokens": 40.0})
 
 
 def test_reward_sample_carries_the_answer_under_its_standard_key():

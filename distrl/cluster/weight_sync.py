@@ -109,7 +109,7 @@ class WeightSync(ABC):
         if not self.verify or not to:
             return loads
         # Asked right after the weights themselves: learner 0 takes calls in order, so no update comes between.
-        expected = self.learners.call(0, Learner.weights_fingerprint, self.dtype)
+        expected = self.learners.map(Learner.weights_fingerprint, self.dtype)[0]
         # Each check takes its engine's load as an argument: it runs after the load, and a failed load fails it.
         return [self.rollouts.call(i, RolloutWorker.check_weights, load, expected, self.rollouts.name(i))
                 for i, load in zip(to, loads, strict=True)]
@@ -125,7 +125,7 @@ class ObjectStoreSync(WeightSync):
             return []
         # Top-level ObjectRef arguments are resolved by Ray before the call: each bucket object is created once by
         # learner 0 and read from shared memory by every rollout actor on the node.
-        buckets = [self.learners.call(0, Learner.weight_bucket, spec, self.dtype) for spec in self.specs]
+        buckets = [self.learners.map(Learner.weight_bucket, spec, self.dtype)[0] for spec in self.specs]
         return [self.rollouts.call(i, RolloutWorker.load_weights, version, *buckets) for i in to]
 
 
@@ -152,7 +152,7 @@ class NcclSync(WeightSync):
     def _load(self, version: Any, to: list[int]) -> list[Any]:
         # A broadcast needs every rank: an engine being replaced cannot be left out (push_one refuses to replace).
         assert len(to) == len(self.rollouts), "an NCCL push goes to every engine"
-        sent = self.learners.call(0, Learner.nccl_send, self.specs, self.dtype)
+        sent = self.learners.map(Learner.nccl_send, self.specs, self.dtype)[0]
         received = self.rollouts.map(RolloutWorker.nccl_receive, version, self.specs, self.dtype)
         self._broadcast_done(sent, received)
         return received

@@ -23,6 +23,11 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def rank() -> int:
+    """This learner's rank in the group (0 without one)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
 def all_reduce_(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
     """In-place all-reduce; a no-op with one learner."""
     if world_size() > 1:

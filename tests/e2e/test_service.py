@@ -15,6 +15,7 @@ import pytest
 import ray
 import torch
 
+from distrl import merging
 from distrl.batching import advantages, pad
 from distrl.cluster.backend import RayBackend
 from distrl.cluster.producer import Producer
@@ -24,7 +25,7 @@ from distrl.data import PromptStream, load_prompts
 from distrl.driver import train
 from distrl.types import ScoredRollouts, Sequences, TrainBatch
 from distrl.workers.fingerprint import WeightMismatch
-from distrl.workers.learner import Learner, merge_metrics
+from distrl.workers.learner import Learner
 from distrl.workers.model import load_tokenizer
 from distrl.workers.reference import ReferenceWorker
 from distrl.workers.rewards import RewardError
@@ -67,8 +68,8 @@ def old_logprobs(roles, sequences: Sequences) -> torch.Tensor:
 
 
 def update(roles, batch: TrainBatch, mini_batch_size: int) -> dict[str, float]:
-    return merge_metrics(ray.get(roles.learner.map_shards(Learner.update, batch.shard(len(roles.learner),
-                                                                                      mini_batch_size))))
+    results = ray.get(roles.learner.map_shards(Learner.update, batch.shard(len(roles.learner), mini_batch_size)))
+    return merging.values(merging.merge(results, [r["learner/tokens"].value for r in results]))
 
 
 def one_step_batch(cfg, roles):

@@ -1,0 +1,37 @@
+"""`distrl.workers.export`: what the engines are sent, in which buckets, in which dtype."""
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from distrl.workers import export
+
+
+def tied_qwen2() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+
+
+def test_a_tied_embedding_is_sent_once_under_the_input_embeddings_name():
+    model = tied_qwen2()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    names = [name for name, _ in export.exported(model)]
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    assert len(names) == len(model.state_dict()) - 1
+    assert "model.layers.0.self_attn.q_proj.bias" in names  # Qwen2's QKV bias is sent
+
+
+def test_buckets_hold_about_the_bytes_asked_and_every_tensor_once():
+    model = tied_qwen2()
+    item = 2  # bfloat16
+    sizes = {name: t.numel() * item for name, t in export.exported(model)}
+    layout = export.specs(model, bucket_bytes=2048, dtype="bfloat16")
+    assert [n for spec in layout for n, _ in spec] == list(sizes)
+    for spec in layout:
+        total = sum(sizes[n] for n, _ in spec)
+        assert total <= 2048 or len(spec) == 1  # a bigger tensor travels alone
+    bucket = export.bucket(model, layout[0], "bfloat16")
+    assert all(t.dtype == torch.bfloat16 and t.is_contiguous() for t in bucket.values())
+    name, shape = layout[0][0]
+    assert tuple(bucket[name].shape) == shape
+    assert torch.equal(bucket[name], model.state_dict()[name].to(torch.bfloat16))
