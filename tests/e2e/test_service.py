@@ -228,7 +228,7 @@ def test_topologies_train_end_to_end(ray_session, tmp_path, rollout_actors, lear
     assert all("correction/mismatch_kl/staleness_0" in h for h in history)
     run_dir = tmp_path / cfg.run.name
     assert (run_dir / "metrics.jsonl").read_text().count("\n") == 2
-    assert (run_dir / "checkpoints" / "step_000002" / "model" / "config.json").exists()
+    assert (run_dir / "checkpoints" / "step_000002" / "policy" / "model" / "config.json").exists()
     # Step 1's checkpoint is written after step 1's row: its time shows in step 2's.
     assert "time/checkpoint" not in history[0] and history[1]["time/checkpoint"] > 0
     if cfg.loss.kl.target == "reward":
