@@ -5,8 +5,8 @@ bucket is put in the Ray object store once and every rollout actor reads the sam
 not one per tensor). `NcclSync` (GPU): learner 0 broadcasts the buckets over a dedicated NCCL world.
 
 Either way an engine takes in one bucket at a time, as its in-place reload reaches it (`StreamedBuckets`,
-`nccl.receive_buckets`), so a push costs an engine about one bucket beyond its steady state, not a copy of the
-model (on a GPU: outside vLLM's memory budget).
+`nccl.receive_buckets`), so a push costs an engine one bucket beyond its steady state, plus the layer vLLM's reload
+is processing, not a copy of the model (on a GPU: outside vLLM's memory budget). docs/BENCHMARKS.md measures it.
 
 With `verify`, every load is followed by a check of the weights the engine then serves against learner 0's
 fingerprint of what it sent (`distrl.workers.fingerprint`): a push resolves only once its weights are verified.
