@@ -55,7 +55,7 @@ def main() -> None:
         bucket = {k: v.to(dtype) for k, v in state.items()}
     expected = of_tensors(state.items(), dtype)
     assert first_mismatch(expected, engine.llm.apply_model(served_fingerprint)[0]) is None
-    reload = median_seconds(lambda: engine.load_weights(1, bucket), args.repeat)
+    reload = median_seconds(lambda: engine.load_weights(1, [bucket]), args.repeat)
     served = median_seconds(lambda: engine.llm.apply_model(served_fingerprint), args.repeat)
     sent = median_seconds(lambda: of_tensors(learner.state_dict().items(), dtype), args.repeat)
     print(f"model: {params / 1e6:.1f}M parameters, {len(state)} tensors, rollout dtype {args.dtype}, "

@@ -8,6 +8,8 @@ sampled with its own generator, seeded like vLLM's requests (`request_seed`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from distrl.config import ModelConfig, RolloutConfig
@@ -67,7 +69,7 @@ class HFRolloutWorker:
                 out.policy_version.append(self.policy_version)
         return out.validate()
 
-    def load_weights(self, version: int, *buckets: dict[str, torch.Tensor]) -> int:
+    def load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         state = {name: t.float() for bucket in buckets for name, t in bucket.items()}
         self.model.load_state_dict(state, strict=False)
         self.policy_version = version

@@ -235,9 +235,9 @@ def outcome(rows_: list[dict], also: tuple[str, ...] = ()) -> list[dict]:
 class DropsATensor(HFRolloutWorker):
     """An engine whose weight loading silently leaves one tensor as it was."""
 
-    def load_weights(self, version, *buckets):
+    def load_weights(self, version, buckets):
         kept = [{k: v for k, v in b.items() if k != "model.layers.1.mlp.up_proj.weight"} for b in buckets]
-        return super().load_weights(version, *kept)
+        return super().load_weights(version, kept)
 
 
 def test_an_engine_that_serves_other_weights_than_those_pushed_ends_the_run_naming_both(tmp_path, tiny_model_dir):

@@ -94,3 +94,25 @@ def test_vocabulary_leaves_the_toy_reward_room_to_grow(tokenizer):
     tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     share = sum(any(c in "0123456789" for c in t) for t in tokens) / len(tokens)
     assert 0.1 < share < 0.4
+
+
+def test_qwen2_has_the_features_of_the_models_users_train(tmp_path, tiny_model_dir):
+    """Qwen2.5's: the LM head tied to the input embeddings, biases on q/k/v only, 2 query heads per key/value head."""
+    from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
+
+    out = make_tiny_model(tmp_path / "qwen2", arch="qwen2")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert isinstance(model, Qwen2ForCausalLM)
+    cfg = model.config
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.tie_word_embeddings) == (4, 2, True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    attention = model.model.layers[0].self_attn
+    assert [p.bias is not None for p in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj)] \
+        == [True, True, True, False]
+    assert attention.k_proj.weight.shape == (2 * 32, 128)  # 2 key/value heads of 128 / 4 = 32
+    # The tokenizer is the Llama's: only the weights differ.
+    assert (out / "tokenizer.json").read_bytes() == (tiny_model_dir / "tokenizer.json").read_bytes()
+    with pytest.raises(ValueError, match="num_heads must be even, got 3"):
+        make_tiny_model(tmp_path / "odd", arch="qwen2", num_heads=3)
+    with pytest.raises(ValueError, match="tiny model architecture 'gpt2': expected one of llama, qwen2"):
+        make_tiny_model(tmp_path / "other", arch="gpt2")

@@ -4,6 +4,10 @@
 bucket is put in the Ray object store once and every rollout actor reads the same objects (one call per actor,
 not one per tensor). `NcclSync` (GPU): learner 0 broadcasts the buckets over a dedicated NCCL world.
 
+Either way an engine takes in one bucket at a time, as its in-place reload reaches it (`StreamedBuckets`,
+`nccl.receive_buckets`), so a push costs an engine one bucket beyond its steady state, plus the layer vLLM's reload
+is processing, not a copy of the model (on a GPU: outside vLLM's memory budget). docs/BENCHMARKS.md measures it.
+
 With `verify`, every load is followed by a check of the weights the engine then serves against learner 0's
 fingerprint of what it sent (`distrl.workers.fingerprint`): a push resolves only once its weights are verified.
 """
@@ -13,12 +17,13 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from distrl.cluster.group import ActorGroup, RayGroup
+from distrl.cluster.group import ActorGroup, Done, RayGroup
 from distrl.workers.learner import Learner
 from distrl.workers.model import DTYPES
 from distrl.workers.rollout import RolloutWorker
@@ -119,14 +124,41 @@ class WeightSync(ABC):
         """Start loading learner 0's weights into engines `to`; one handle per engine, resolving to the version."""
 
 
+@dataclass
+class StreamedBuckets:
+    """A push's buckets as the handles of learner 0's `weight_bucket` calls, handed to an engine's `load_weights`,
+    which fetches each one only when its reload reaches it.
+
+    Ray resolves the ObjectRefs among a call's top-level arguments before the call runs, which would put every
+    bucket, the whole model, in the engine's process at once; refs inside an argument travel as refs. So each
+    bucket is fetched (`ray.get`, in the engine's process) when iteration reaches it, and dropped once loaded; the
+    engine also starts loading while learner 0 is still casting later buckets. A local call's handle is already
+    resolved (`Done`). The worker sees only an iterable of buckets: Ray stays in this layer."""
+
+    handles: list[Any]
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for handle in self.handles:
+            if isinstance(handle, Done):
+                if handle.error is not None:
+                    raise handle.error
+                yield handle.value
+            else:
+                import ray
+
+                yield ray.get(handle)
+
+
 class ObjectStoreSync(WeightSync):
     def _load(self, version: Any, to: list[int]) -> list[Any]:
         if not to:  # every engine is being replaced: each loads the weights when it is ready
             return []
-        # Top-level ObjectRef arguments are resolved by Ray before the call: each bucket object is created once by
-        # learner 0 and read from shared memory by every rollout actor on the node.
-        buckets = [self.learners.map(Learner.weight_bucket, spec, self.dtype)[0] for spec in self.specs]
-        return [self.rollouts.call(i, RolloutWorker.load_weights, version, *buckets) for i in to]
+        # Each bucket object is created once by learner 0 and read from shared memory by every rollout actor on
+        # the node, one bucket at a time (StreamedBuckets). Every learner takes part in each export call
+        # (`distrl.workers.export`); learner 0's answer holds the bucket.
+        buckets = StreamedBuckets([self.learners.map(Learner.weight_bucket, spec, self.dtype)[0]
+                                   for spec in self.specs])
+        return [self.rollouts.call(i, RolloutWorker.load_weights, version, buckets) for i in to]
 
 
 class NcclSync(WeightSync):

@@ -2,8 +2,9 @@
 
 Every learner takes part in every export call, so that a strategy whose learners each hold part of a tensor can
 gather it; learner 0 returns the tensors and the others nothing. A tied output embedding (`lm_head.weight` that *is*
-`model.embed_tokens.weight`, as in Qwen2.5) is sent once, under the input embedding's name: HF's `save_pretrained`
-and vLLM's loaders read it from there.
+`model.embed_tokens.weight`, as in Qwen2.5) is sent under both names: vLLM's CPU build repacks the LM head apart from
+the embedding, so a head that is not sent keeps serving the old weights (measured: log-probs off by 1.16 and the
+fingerprint check failing on `lm_head.weight`).
 """
 
 from __future__ import annotations
@@ -19,15 +20,8 @@ Spec = list[tuple[str, tuple[int, ...]]]
 
 
 def exported(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) of every weight the engines load, in state-dict order; a tensor that another name already
-    exported (tied embeddings) is left out."""
-    seen: set[int] = set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        key = id(tensor)
-        if key in seen:
-            continue
-        seen.add(key)
-        yield name, tensor
+    """(HF name, tensor) of every weight the engines load, in state-dict order, tied ones under each name."""
+    yield from model.state_dict().items()
 
 
 def specs(model: torch.nn.Module, bucket_bytes: int, dtype: str) -> list[Spec]:

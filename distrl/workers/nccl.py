@@ -3,11 +3,16 @@
 A separate, stateless NCCL world (vLLM's `StatelessProcessGroup` + `PyNcclCommunicator`) holds learner 0 as
 rank 0 and rollout actor i as rank i + 1, so it never touches the learners' own torch.distributed group.
 Tensors travel bucket by bucket: each bucket is flattened on learner 0, broadcast, and unflattened on every engine.
+An engine receives a bucket only when its reload asks for the next one (`receive_buckets`), so one bucket at a
+time sits on its device, not a copy of the model outside vLLM's memory budget.
 
 Status: written against vLLM's public communicator API; not yet run on a GPU (see README, "What was verified where").
+Its bucket-by-bucket logic is tested on CPU with a fake communicator.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 
@@ -23,15 +28,35 @@ def make_communicator(host: str, port: int, rank: int, world_size: int):
     return PyNcclCommunicator(group, device=torch.cuda.current_device())
 
 
-def send_bucket(comm, bucket: dict[str, torch.Tensor]) -> None:
-    flat = torch.cat([t.reshape(-1) for t in bucket.values()]).cuda()
-    comm.broadcast(flat, src=0, stream=torch.cuda.current_stream())
-    torch.cuda.current_stream().synchronize()
+def _stream(device: torch.device):
+    """The stream a broadcast on `device` runs on: the current CUDA stream (None off CUDA, for test fakes)."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
 
 
-def receive_bucket(comm, spec: Spec, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def send_bucket(comm, bucket: dict[str, torch.Tensor], device: torch.device | None = None) -> None:
+    """Broadcast one bucket from rank 0: its tensors flattened into one `[sum of numels]` tensor on `device`."""
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    flat = torch.cat([t.reshape(-1) for t in bucket.values()]).to(device)
+    stream = _stream(device)
+    comm.broadcast(flat, src=0, stream=stream)
+    if stream is not None:
+        stream.synchronize()
+
+
+def receive_bucket(comm, spec: Spec, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    """Receive one bucket laid out as `spec`: a `[sum of numels]` tensor in `dtype` on `device`, viewed as the
+    bucket's named tensors (views, so the flat tensor lives as long as any of them)."""
     numels = [int(torch.Size(shape).numel()) for _, shape in spec]
-    flat = torch.empty(sum(numels), dtype=dtype, device="cuda")
-    comm.broadcast(flat, src=0, stream=torch.cuda.current_stream())
-    torch.cuda.current_stream().synchronize()
+    flat = torch.empty(sum(numels), dtype=dtype, device=device)
+    stream = _stream(device)
+    comm.broadcast(flat, src=0, stream=stream)
+    if stream is not None:
+        stream.synchronize()
     return {name: part.view(shape) for (name, shape), part in zip(spec, flat.split(numels), strict=True)}
+
+
+def receive_buckets(comm, specs: list[Spec], dtype: torch.dtype, device: torch.device
+                    ) -> Iterator[dict[str, torch.Tensor]]:
+    """The buckets `specs`, each received when asked for: the consumer loads one before the next is allocated."""
+    for spec in specs:
+        yield receive_bucket(comm, spec, dtype, device)

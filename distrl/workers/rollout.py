@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,6 +43,21 @@ def _rotary_cache_not_in_checkpoint(record: logging.LogRecord) -> bool:
     return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
 
 
+class UnusableEngine(RuntimeError):
+    """An engine whose last weight load failed midway: it holds part of one version and part of another."""
+
+    def __init__(self, why: str):
+        super().__init__(f"this rollout engine cannot serve: {why}; it must be replaced")
+
+
+def _one_by_one(buckets: Iterable[dict[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs of `buckets`, letting go of each bucket before the next is asked for (the buckets
+    themselves are not emptied: with in-process workers, every engine is handed the same dicts)."""
+    for bucket in buckets:
+        yield from bucket.items()
+        del bucket  # else the loop variable keeps this bucket alive while the next one arrives
+
+
 def request_seed(seed: int, ticket: int) -> int:
     """The sampling seed of the request for prompt `ticket` in a run whose sampling seed is `seed`: 56 bits of a
     hash of both, so that neighbouring tickets get unrelated streams. vLLM gives the request's j-th sample seed + j
@@ -63,7 +79,8 @@ class RolloutWorker:
         self.cfg = cfg
         self.seed = seed
         self.policy_version = 0
-        on_gpu = granted_device(num_gpus, "rollout") == "cuda"
+        self._torn: str | None = None  # why the engine may not serve (see load_weights)
+        self.on_gpu = on_gpu = granted_device(num_gpus, "rollout") == "cuda"
         engine_args: dict[str, Any] = dict(
             model=resolve_model_path(model),
             tokenizer=model.tokenizer,
@@ -92,6 +109,7 @@ class RolloutWorker:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self._check_usable()
         s = self.cfg.sampling
         # vLLM detokenizes every sampled token, and every log-prob's token, as it goes: on a small model that costs
         # more than the forward passes. Only stop strings need text during sampling; otherwise decode each response
@@ -126,18 +144,44 @@ class RolloutWorker:
         """The policy version this engine serves."""
         return self.policy_version
 
-    def load_weights(self, version: int, *buckets: dict[str, torch.Tensor]) -> int:
-        """Replace the engine's weights in place with HF-named tensors; returns the new policy version."""
-        weights = [item for bucket in buckets for item in bucket.items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+    def load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
+        """Replace the engine's weights in place with HF-named tensors, bucket by bucket; returns the new version.
+
+        `buckets` is consumed as the reload reaches each bucket (an iterable that fetches or receives a bucket only
+        when asked keeps one bucket here at a time, not a copy of the model), and each tensor is let go once loaded.
+        vLLM's layer-wise reload holds a layer's tensors until all of them are in (a fused qkv or gate_up
+        projection may span two buckets), then processes the layer (on CPU: repacks it for oneDNN). The engine
+        serves `version` only once every bucket is in; a load that fails midway leaves a mix of two versions, so
+        the engine refuses all further work (`UnusableEngine`) and must be replaced."""
+        self._check_usable()
+        loaded = False
+        try:
+            weights = _one_by_one(buckets)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                              "is_checkpoint_format": True})
+            # Every bucket must be in (and over NCCL, each one received, or learner 0's broadcast waits for ever).
+            if next(weights, None) is not None:
+                raise RuntimeError(f"the engine's reload of version {version} stopped before the last tensor")
+            loaded = True
+        finally:
+            if not loaded:
+                self._torn = (f"loading the weights of version {version} failed midway: it serves a mix of two "
+                              f"versions' weights")
+        if self.on_gpu:
+            torch.cuda.empty_cache()  # the reload's staging blocks back to the device, outside vLLM's budget
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.policy_version = version
         return version
+
+    def _check_usable(self) -> None:
+        if self._torn is not None:
+            raise UnusableEngine(self._torn)
 
     def check_weights(self, version: int, expected: Fingerprint, name: str) -> int:
         """Compare the weights this engine (actor `name`) serves with learner 0's fingerprint `expected` of version
         `version` (the push's load, resolved first); returns `version`. Raises WeightMismatch naming the engine and
         the first tensor that differs."""
+        self._check_usable()
         fingerprint.check(expected, self.llm.apply_model(served_fingerprint)[0], name, version)  # one worker (TP 1)
         return version
 
@@ -145,13 +189,15 @@ class RolloutWorker:
         from distrl.workers import nccl
 
         self._nccl = nccl.make_communicator(host, port, rank, world_size)
+        self._nccl_device = torch.device("cuda", torch.cuda.current_device())
 
     def nccl_receive(self, version: int, specs: list, dtype: str) -> int:
-        """Receive every bucket learner 0 broadcasts (see `distrl.workers.nccl`), then load them in place."""
+        """Load the buckets learner 0 broadcasts (see `distrl.workers.nccl`) in place, each received only when the
+        reload reaches it: one bucket on the device at a time, not a copy of the model outside vLLM's budget."""
         from distrl.workers import nccl
         from distrl.workers.model import DTYPES
 
-        return self.load_weights(version, *[nccl.receive_bucket(self._nccl, spec, DTYPES[dtype]) for spec in specs])
+        return self.load_weights(version, nccl.receive_buckets(self._nccl, specs, DTYPES[dtype], self._nccl_device))
 
     def score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         """Log-probs the engine assigns to the tokens after position `prompt_len` of each sequence (no sampling).
@@ -162,6 +208,7 @@ class RolloutWorker:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self._check_usable()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
                                     use_tqdm=False)

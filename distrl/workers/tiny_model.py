@@ -1,4 +1,5 @@
-"""Build distrl's tiny random test model: a byte-level BPE tokenizer trained on the spot and a random Llama.
+"""Build distrl's tiny random test models: a byte-level BPE tokenizer trained on the spot and a random Llama, or a
+random Qwen2 with the features of the Qwen2.5 models users train (tied embeddings, QKV bias, grouped-query attention).
 
 No hub is reachable where the tests and the quickstart run, so the model is made locally, in the standard HF
 layout (`config.json`, `model.safetensors`, `tokenizer.json`, chat template) that transformers and vLLM both load
@@ -78,32 +79,55 @@ def train_tokenizer(corpus: list[str], vocab_size: int):
     return tok
 
 
-def make_tiny_model(out_dir: str | Path, *, vocab_size: int = 512, hidden_size: int = 128, num_layers: int = 2,
-                    num_heads: int = 4, seed: int = 0, corpus: list[str] | None = None) -> Path:
-    """Write a random `LlamaForCausalLM` and its tokenizer to `out_dir`; returns the directory.
+ARCHITECTURES = ("llama", "qwen2")
+
+
+def make_tiny_model(out_dir: str | Path, *, arch: str = "llama", vocab_size: int = 512, hidden_size: int = 128,
+                    num_layers: int = 2, num_heads: int = 4, seed: int = 0, corpus: list[str] | None = None) -> Path:
+    """Write a random causal LM of architecture `arch` and its tokenizer to `out_dir`; returns the directory.
+
+    `llama`: `LlamaForCausalLM`, untied embeddings, full multi-head attention, no biases. `qwen2`:
+    `Qwen2ForCausalLM` as in Qwen2.5: the LM head tied to the input embeddings, biases on the q/k/v projections,
+    and grouped-query attention with `num_heads // 2` key/value heads.
 
     The tokenizer is trained on `corpus` (default: `default_corpus()`) and has at
     most `vocab_size` tokens; the model's vocabulary is exactly the tokenizer's. Same arguments, same bytes.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedModel,
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"tiny model architecture {arch!r}: expected one of {', '.join(ARCHITECTURES)}")
+    if arch == "qwen2" and (num_heads < 2 or num_heads % 2):
+        raise ValueError(f"a tiny qwen2 shares each key/value head between 2 query heads: num_heads must be even, "
+                         f"got {num_heads}")
     out = Path(out_dir)
     raw = train_tokenizer(list(corpus) if corpus is not None else default_corpus(), vocab_size)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw, bos_token=BOS, eos_token=EOS, pad_token=PAD,
         chat_template=CHAT_TEMPLATE, model_max_length=CONTEXT_LENGTH, clean_up_tokenization_spaces=False,
     )
-    config = LlamaConfig(
+    common = dict(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        max_position_embeddings=CONTEXT_LENGTH, tie_word_embeddings=False,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, max_position_embeddings=CONTEXT_LENGTH,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
     )
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model: PreTrainedModel
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common, num_key_value_heads=num_heads, tie_word_embeddings=False))
+    else:  # Qwen2's q/k/v projections always carry biases
+        model = Qwen2ForCausalLM(Qwen2Config(**common, num_key_value_heads=num_heads // 2, tie_word_embeddings=True))
+    model.eval()
     torch.random.set_rng_state(generator_state)  # leave the caller's random stream as it was
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -156,7 +156,7 @@ class TestTwoRolloutActorsTwoLearners:
         name = "model.layers.0.self_attn.k_proj.weight"
         changed = weights(roles, 0)
         changed[name][5] += 0.01
-        assert ray.get(roles.rollout.call(1, RolloutWorker.load_weights, 9, changed)) == 9
+        assert ray.get(roles.rollout.call(1, RolloutWorker.load_weights, 9, [changed])) == 9
         with pytest.raises(WeightMismatch, match=rf"{re.escape(roles.rollout.name(1))} serves weights other than "
                                                  rf"learner 0's after loading version 9: {re.escape(name)} differs "
                                                  rf".*; 1 of \d+ tensors differ"):
