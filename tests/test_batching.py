@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from distrl.batching import advantages, pad
-from distrl.config import AlgorithmConfig, KLConfig
+from distrl.config import AlgorithmConfig, KLInLoss, KLInReward
 from distrl.types import Rollouts, ScoredRollouts, Sequences, TrainBatch
 
 PAD = 0
@@ -46,7 +46,7 @@ def test_grpo_advantages_broadcast_over_response_tokens():
     s = pad(rollouts(), PAD)
     # Group 0 rewards (1, 0): mean 0.5, unbiased std 0.7071 -> A = +-0.7071; group 1 ties (2, 2) -> 0.
     adv, _ = advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), s.response_mask, s.rollout_logprobs, None, 2,
-                        AlgorithmConfig(advantage="grpo"), KLConfig())
+                        AlgorithmConfig(advantage="grpo"), KLInLoss())
     a = 0.5 / (2**0.5 / 2 + 1e-6)
     assert adv[0].tolist() == pytest.approx([a, 0, 0], abs=1e-5)
     assert adv[1].tolist() == pytest.approx([-a, -a, -a], abs=1e-5)
@@ -60,7 +60,7 @@ def test_kl_in_reward_is_subtracted_from_the_score_before_the_estimator():
     old = s.rollout_logprobs - 0.5 * s.response_mask
     ref = s.rollout_logprobs - 1.5 * s.response_mask
     adv, metrics = advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), s.response_mask, old, ref, 2,
-                              AlgorithmConfig(advantage="dr_grpo"), KLConfig(coef=0.1, estimator="k1", target="reward"))
+                              AlgorithmConfig(advantage="dr_grpo"), KLInReward(coef=0.1, estimator="k1"))
     # Scores r - 0.1 * sum_t kl_t, response lengths 1, 3, 0, 2: [0.9, -0.3, 2.0, 1.8].
     # Dr. GRPO subtracts group means (0.3 and 1.9): [0.6, -0.6, 0.1, -0.1], broadcast over response tokens.
     assert adv[0].tolist() == pytest.approx([0.6, 0, 0], abs=1e-6)
@@ -73,7 +73,7 @@ def test_kl_in_reward_needs_reference_logprobs():
     s = pad(rollouts(), PAD)
     with pytest.raises(ValueError, match="reference log-probs"):
         advantages(torch.zeros(4), s.response_mask, s.rollout_logprobs, None, 2, AlgorithmConfig(),
-                   KLConfig(coef=0.1, target="reward"))
+                   KLInReward(coef=0.1))
 
 
 def test_shard_gives_each_learner_its_part_of_every_mini_batch():

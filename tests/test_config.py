@@ -50,16 +50,24 @@ BAD = [
     (["loss.correction.mode=tis", "loss.correction.low=2", "loss.correction.high=1"], "loss.correction.low"),
     (["loss.correction.low=-0.1"], "loss.correction.low"),
     (["loss.correction.mode=seq_mask_tis", "loss.correction.level=sequence"], "loss.correction.level"),
-    (["loss.dual_clip=1.0"], "loss.dual_clip"),
-    (["loss.policy=gspo", "loss.aggregation=token_mean"], "loss.aggregation"),
-    (["loss.policy=gspo", "loss.aggregation=seq_mean_token_sum"], "loss.aggregation"),
-    (["loss.aggregation=token_sum"], "loss.aggregation"),
+    (["loss.correction.mode=seq_mask_tis", "loss.correction.low=3"], "loss.correction.low"),
+    (["loss.policy.dual_clip=1.0"], "loss.policy.dual_clip"),
+    (["loss.policy=gspo", "loss.policy.aggregation=token_mean"], "loss.policy.aggregation"),
+    (["loss.policy=gspo", "loss.policy.dual_clip=3"], "loss.policy.dual_clip"),
+    (["loss.policy.aggregation=token_sum"], "loss.policy.aggregation"),
+    (["loss.policy=grpo"], "loss.policy.type"),
     (["algorithm.advantage=reinforce_pp", "algorithm.whitening=true"], "algorithm.whitening"),
     (["algorithm.lambda=1.5"], "algorithm.lambda"),
     (["loss.kl.estimator=k4"], "loss.kl.estimator"),
     (["loss.kl.coef=-1"], "loss.kl.coef"),
     (["loss.kl.target=reward", "loss.kl.estimator=k3+", "loss.kl.coef=0.1"], "loss.kl.estimator"),
-    (["loss.clip_low=1.5"], "loss.clip_low"),
+    (["loss.kl.target=penalty"], "loss.kl.target"),
+    (["loss.policy.clip_low=1.5"], "loss.policy.clip_low"),
+    (["loss.policy=gspo", "loss.policy.clip_low=1.5"], "loss.policy.clip_low"),
+    (["learner.lr_schedule=linear"], "learner.lr_schedule.type"),
+    (["learner.lr_schedule=cosine", "learner.lr_schedule.min_lr_ratio=2"], "learner.lr_schedule.min_lr_ratio"),
+    (["learner.lr_schedule.min_lr_ratio=0.1"], "learner.lr_schedule.min_lr_ratio"),
+    (["loop.max_staleness=2"], "loop.max_staleness"),
     (["algorithm.advantage=grpo", "rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt"),
     (["algorithm.advantage=rloo", "rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt"),
     (["algorithm.advantage=gae"], "algorithm.advantage"),
@@ -102,8 +110,8 @@ def test_bad_config_names_the_field(tmp_path, overrides, field):
 
 def test_error_points_at_file_and_line(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("model:\n  path: m\ndata:\n  path: d\nloss:\n  dual_clip: 0.5\n")
-    with pytest.raises(ConfigError, match=r"loss\.dual_clip must be > 1 .*c\.yaml:6"):
+    path.write_text("model:\n  path: m\ndata:\n  path: d\nloss:\n  policy:\n    dual_clip: 0.5\n")
+    with pytest.raises(ConfigError, match=r"loss\.policy\.dual_clip: Input should be greater than 1 .*c\.yaml:7"):
         config.load(path)
 
 
@@ -116,9 +124,9 @@ def test_several_problems_are_all_reported(tmp_path):
 
 def test_overrides_parse_yaml_values_and_create_sections(tmp_path):
     cfg = config.load(write(tmp_path, MINIMAL), ["loss.kl.coef=0.05", "loss.correction.mode=icepop",
-                                                 "rollout.sampling.stop=[a, b]", "loss.dual_clip=null"])
+                                                 "rollout.sampling.stop=[a, b]", "loss.policy.dual_clip=null"])
     assert cfg.loss.kl.coef == 0.05 and cfg.loss.correction.mode == "icepop"
-    assert cfg.rollout.sampling.stop == ["a", "b"] and cfg.loss.dual_clip is None
+    assert cfg.rollout.sampling.stop == ["a", "b"] and cfg.loss.policy.dual_clip is None
 
 
 def test_gae_lambda_is_spelled_lambda(tmp_path):
@@ -171,13 +179,14 @@ def test_config_algo_and_cli_import_neither_ray_nor_vllm():
 
 def test_validate_imports_no_torch_and_reports_errors():
     code = ("import sys\nfrom distrl.cli import main\n"
-            "rc = main(['validate', 'configs/quickstart.yaml', '--set', 'loss.dual_clip=0.5'])\n"
+            "rc = main(['validate', 'configs/quickstart.yaml', '--set', 'loss.policy.dual_clip=0.5'])\n"
             "assert rc == 2, rc\n"
             "heavy = [m for m in ('torch', 'ray', 'vllm') if m in sys.modules]\n"
             "assert not heavy, heavy\n")
     result = _run(code)
     assert result.returncode == 0, result.stderr
-    assert "loss.dual_clip must be > 1" in result.stderr and "--set loss.dual_clip=0.5" in result.stderr
+    assert "loss.policy.dual_clip: Input should be greater than 1" in result.stderr
+    assert "--set loss.policy.dual_clip=0.5" in result.stderr
 
 
 def test_a_validate_that_checks_everything_imports_no_ray(tmp_path):

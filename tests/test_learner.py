@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from distrl import checkpoint
-from distrl.config import CorrectionConfig, LearnerConfig, LossConfig, ModelConfig
+from distrl.config import LearnerConfig, LossConfig, ModelConfig, RatioCorrection
 from distrl.merging import Figure, Merge, merge, values
 from distrl.types import Sequences, TrainBatch
 from distrl.workers.learner import Learner, NonFiniteError, loss_figures
@@ -74,7 +74,7 @@ def test_micro_batches_give_the_full_batch_gradient(tiny_model_dir, micro_batch_
 def test_metrics_are_token_means_over_the_whole_batch(tiny_model_dir):
     # Micro-batches of 4 rows hold 24 and 16 response tokens: their per-token means must be weighted 24:16 to give
     # the figure one micro-batch of 8 reports (mismatch_kl = mean over tokens of rollout - old = -old here).
-    loss = LossConfig(correction=CorrectionConfig(mode="tis", low=0.0, high=2.0))
+    loss = LossConfig(correction=RatioCorrection(mode="tis", low=0.0, high=2.0))
     reports = [make_learner(tiny_model_dir, loss, micro_batch_size=size) for size in (8, 4)]
     whole, split = (update(learner, scored(learner, batch())) for learner in reports)
     assert split["mismatch_kl"] == pytest.approx(whole["mismatch_kl"], rel=1e-5)
@@ -94,7 +94,7 @@ def sgd(learner: Learner) -> Learner:
 def test_old_logprobs_taken_from_the_update_equal_recomputed_ones(tiny_model_dir, micro_batch_size):
     # A batch without old log-probs is one optimizer step from the proximal policy: the update's own log-probs,
     # detached, are the old ones. The step, its metrics and the log-probs handed back match the recomputing path.
-    loss = LossConfig(correction=CorrectionConfig(mode="tis", low=0.0, high=2.0))
+    loss = LossConfig(correction=RatioCorrection(mode="tis", low=0.0, high=2.0))
     given, taken = (sgd(make_learner(tiny_model_dir, loss, micro_batch_size=micro_batch_size)) for _ in range(2))
     before = weights(given)
     recomputed = scored(given, batch())

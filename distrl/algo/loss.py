@@ -35,7 +35,7 @@ class LossInputs:
     entropy           H_t of the current policy (carries gradient); needed by `loss.entropy_coef > 0`
     num_tokens        valid tokens in the whole (global) batch; null means this shard's own count
     num_seqs          non-empty sequences in the whole batch; null means this shard's own count
-    norm_len          seq_mean_token_sum_norm's divisor; overrides `LossConfig.norm_len`; both null means T
+    norm_len          seq_mean_token_sum_norm's divisor; overrides `loss.policy.norm_len`; both null means T
     """
 
     logprobs: torch.Tensor
@@ -94,16 +94,18 @@ def compute_loss(inputs: LossInputs, cfg: LossConfig) -> LossOutput:
     pg         PPO / GSPO clipped per-token term (`policy_term`) from logprobs, old_logprobs, advantages
     kl         `kl_estimate(logprobs, ref_logprobs, cfg.kl.estimator)`; its term only for kl.target 'loss', coef > 0
     entropy    per-token entropy; its term only for entropy_coef > 0
-    aggregate  `cfg.aggregation`, divided by the inputs' global normalisers when given
+    aggregate  `cfg.policy.aggregation` (GSPO's is seq_mean_token_mean), divided by the inputs' global normalisers
+               when given
     """
     _require(inputs.validate(), cfg)
     x = _without_padding(inputs)
-    agg = partial(aggregate, mask=x.mask, mode=cfg.aggregation, num_tokens=x.num_tokens, num_seqs=x.num_seqs,
-                  norm_len=x.norm_len or cfg.norm_len)
+    agg = partial(aggregate, mask=x.mask, mode=cfg.policy.aggregation, num_tokens=x.num_tokens,
+                  num_seqs=x.num_seqs, norm_len=x.norm_len or cfg.policy.norm_len)
 
     w, metrics = _correction_weights(x, cfg.correction)
-    pg, clipped, dual_clipped = policy_term(x.logprobs, x.old_logprobs, x.advantages, x.mask, cfg.policy,
-                                            cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    pg, clipped, dual_clipped = policy_term(x.logprobs, x.old_logprobs, x.advantages, x.mask,
+                                            cfg.policy.type, cfg.policy.clip_low, cfg.policy.clip_high,
+                                            cfg.policy.dual_clip)
     kl = None if x.ref_logprobs is None else kl_estimate(x.logprobs, x.ref_logprobs, cfg.kl.estimator)
 
     zero = pg.new_zeros(())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from distrl.config import LearnerConfig
+from distrl.config import CosineSchedule, LearnerConfig
 
 
 def build_optimizer(model: torch.nn.Module, cfg: LearnerConfig, total_steps: int):
@@ -13,10 +13,10 @@ def build_optimizer(model: torch.nn.Module, cfg: LearnerConfig, total_steps: int
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    if cfg.lr_schedule == "cosine":
+    if isinstance(cfg.lr_schedule, CosineSchedule):
         scheduler = get_cosine_with_min_lr_schedule_with_warmup(
             optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=total_steps,
-            min_lr_rate=cfg.min_lr_ratio,
+            min_lr_rate=cfg.lr_schedule.min_lr_ratio,
         )
     else:
         scheduler = get_constant_schedule_with_warmup(optimizer, num_warmup_steps=cfg.warmup_steps)

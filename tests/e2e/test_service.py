@@ -210,8 +210,7 @@ TOPOLOGIES = {
                                 "rollout.sampling.stop=['9']"]),
     "1x2-bypass-2_mini_batches": (1, 2, ["algorithm.old_logprobs=rollout", "loss.correction=null",
                                          "learner.mini_batch_size=16", "learner.micro_batch_size=4"]),
-    "2x2-gspo-icepop": (2, 2, ["loss.policy=gspo", "loss.aggregation=seq_mean_token_mean", "loss.clip_low=3e-4",
-                               "loss.clip_high=4e-4", "loss.correction.mode=icepop", "loss.correction.low=0.5",
+    "2x2-gspo-icepop": (2, 2, ["loss.policy=gspo", "loss.correction.mode=icepop", "loss.correction.low=0.5",
                                "rollout.dtype=bfloat16"]),
 }
 

@@ -1,0 +1,62 @@
+"""The one typed config tree.
+
+Validated once at the boundary (`load`), then handed down in slices: each component receives only its own section
+(`cfg.loss`, `cfg.rollout`, ...). Every model forbids unknown keys so that a typo is an error, not a silent default.
+Variants that are different things (the policy objective, the KL's target, the correction mode, the learning-rate
+schedule, the loop) are discriminated unions, so that a field of one cannot be written under another. Checks that
+span sections live on `Config` and name every field they involve.
+
+One module per section group; this package imports only Pydantic and PyYAML: `distrl validate` and `distrl --help`
+must stay light.
+"""
+
+from distrl.config.algorithm import AlgorithmConfig
+from distrl.config.cluster import ClusterConfig, RecoveryConfig, RoleResources
+from distrl.config.correction import CorrectionConfig, RatioCorrection, SeqMaskTISCorrection
+from distrl.config.learner import ConstantSchedule, CosineSchedule, LearnerConfig, LRSchedule, ReferenceConfig
+from distrl.config.loading import from_dict, load, to_yaml
+from distrl.config.loop import AsyncLoop, Loop, SyncLoop
+from distrl.config.loss import GSPOConfig, KLConfig, KLInLoss, KLInReward, LossConfig, PolicyConfig, PPOConfig
+from distrl.config.model import DataConfig, ModelConfig
+from distrl.config.reward import RewardConfig
+from distrl.config.rollout import DynamicSamplingConfig, RolloutConfig, SamplingConfig
+from distrl.config.root import Config
+from distrl.config.run import RunConfig
+from distrl.config.sources import ConfigError
+
+__all__ = [
+    "AlgorithmConfig",
+    "AsyncLoop",
+    "ClusterConfig",
+    "Config",
+    "ConfigError",
+    "ConstantSchedule",
+    "CorrectionConfig",
+    "CosineSchedule",
+    "DataConfig",
+    "DynamicSamplingConfig",
+    "GSPOConfig",
+    "KLConfig",
+    "KLInLoss",
+    "KLInReward",
+    "LRSchedule",
+    "LearnerConfig",
+    "Loop",
+    "LossConfig",
+    "ModelConfig",
+    "PPOConfig",
+    "PolicyConfig",
+    "RatioCorrection",
+    "RecoveryConfig",
+    "ReferenceConfig",
+    "RewardConfig",
+    "RoleResources",
+    "RolloutConfig",
+    "RunConfig",
+    "SamplingConfig",
+    "SeqMaskTISCorrection",
+    "SyncLoop",
+    "from_dict",
+    "load",
+    "to_yaml",
+]

@@ -1,0 +1,82 @@
+"""`cluster`: actor counts and resources per role, placement, weight sync, timeouts and recovery."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from distrl.config.base import Section
+
+
+class RoleResources(Section):
+    num_actors: int = Field(default=1, gt=0)
+    """Actors in this role."""
+    num_cpus: float = Field(default=1.0, gt=0.0)
+    """CPUs reserved per actor."""
+    num_gpus: float = Field(default=0.0, ge=0.0)
+    """GPUs reserved per actor (0 on a CPU-only machine)."""
+    num_threads: int | None = Field(default=None, gt=0)
+    """Compute threads per actor (OMP_NUM_THREADS, which torch and vLLM's CPU kernels follow). Null: num_cpus
+    rounded up, except in the synchronous loop on the embedded cluster, where the roles take turns and each may use
+    every core (shared among the actors that run at the same time; see `distrl.cluster.roles.role_threads`)."""
+
+
+class RecoveryConfig(Section):
+    max_restarts: int = Field(default=3, ge=0)
+    """Times one rollout actor may be replaced within `window_s` when it dies (process killed, node lost): its
+    prompts are re-dispatched and the new actor serves the current weights before it takes any. One more death in
+    the window ends the run, naming the actor and its last error. 0: a dead rollout actor ends the run."""
+    window_s: float = Field(default=3600.0, gt=0.0)
+    """Seconds over which `max_restarts` is counted."""
+    start_timeout_s: float = Field(default=900.0, gt=0.0)
+    """A replacement that does not serve this many seconds after it was started ends the run, naming it: its
+    placement bundle may have no node left to run on, or its engine hangs while starting."""
+    max_recoveries: int = Field(default=2, ge=0)
+    """Times the run may recover from its newest checkpoint when a learner or reference actor dies (every role is
+    started again; the steps after the checkpoint are redone). Needs checkpoints (`run.checkpoint_every`);
+    0: such a death ends the run."""
+
+
+class ClusterConfig(Section):
+    backend: Literal["ray", "local"] = "ray"
+    """`ray`: every role in Ray actors. `local`: every role as a plain object in the driver's process (one
+    learner, no Ray): the same loop, for fast tests and stepping through in a debugger, not for training runs."""
+    address: str | None = None
+    """Ray address: null starts an embedded local cluster (or joins the one `RAY_ADDRESS` names, as in a Ray job);
+    `auto`, `ray://host:port` or `host:port` join an existing one."""
+    dashboard_host: str = "127.0.0.1"
+    """Interface of the embedded cluster's dashboard. Keep it on loopback unless the network is trusted."""
+    num_cpus: int | None = Field(default=None, gt=0)
+    """CPUs the embedded cluster advertises; null means all of this machine's."""
+    rollout: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1.0))
+    """Rollout (vLLM) actors."""
+    learner: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1.0))
+    """Learner actors (data-parallel)."""
+    reference: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0.5))
+    """Reference actors."""
+    colocate: bool = False
+    """Pack all roles into one placement group (PACK over the whole job) instead of one group per role."""
+    weight_sync: Literal["auto", "object_store", "nccl"] = "auto"
+    """Learner -> rollout weight transport: `auto` is nccl when learners and rollout actors have GPUs, else the
+    Ray object store."""
+    sync_bucket_bytes: int = Field(default=64 * 2**20, gt=0)
+    """Weights travel in buckets of about this many bytes."""
+    sync_timeout_s: float = Field(default=1800.0, gt=0.0)
+    """A weight push that has not reached every engine this many seconds after it started ends the run with an
+    error naming the engines (and, with NCCL, learner 0's broadcast) instead of waiting for ever: a hung engine, or a
+    collective waiting for a dead peer. In the asynchronous loop a push waits behind the chunk each engine runs."""
+    call_timeout_s: float = Field(default=3600.0, gt=0.0)
+    """An actor call or task that has not returned this many seconds after it was sent (a generation chunk, a reward
+    task, an update or log-prob pass, a checkpoint) ends the run with an error naming the actor and the call, instead
+    of a wait without end on a hung actor or a collective whose peer hangs. Set it above the longest such call."""
+    verify_weights: bool = True
+    """After every weight push, each engine checks a fingerprint of the weights it serves (every row of every tensor
+    at a fixed sample of columns, read through its own kernels) against learner 0's, and a mismatch ends the run
+    naming the engine and the first tensor that differs. Adds about a third of the reload to a push
+    (bench/bench_fingerprint.py)."""
+    actor_env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for every actor."""
+    recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
+    """What the run does when an actor dies: rollout actors are replaced, learners and reference recovered from a
+    checkpoint."""

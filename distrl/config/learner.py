@@ -1,0 +1,70 @@
+"""`learner` (optimisation, with the learning-rate schedule as a union: constant or cosine) and `reference`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from distrl.config.base import Dtype, Section, Variants, refuse_moved
+
+
+class ConstantSchedule(Section):
+    type: Literal["constant"] = "constant"
+    """The learning rate stays at `learner.lr` after warm-up."""
+
+
+class CosineSchedule(Section):
+    type: Literal["cosine"] = "cosine"
+    """Cosine decay after warm-up, from `learner.lr` to `min_lr_ratio * lr` at the last optimizer step."""
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Floor of the cosine schedule as a fraction of `learner.lr`."""
+
+
+LR_SCHEDULE = Variants("type", "constant", {"constant": ConstantSchedule, "cosine": CosineSchedule})
+LRSchedule = Annotated[ConstantSchedule | CosineSchedule, Field(discriminator="type"), LR_SCHEDULE.shorthand]
+"""`learner.lr_schedule: cosine` is shorthand for `{type: cosine}` (min_lr_ratio 0)."""
+
+
+class LearnerConfig(Section):
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of the forward and backward passes. Weights and optimizer state stay float32 either way;
+    bfloat16 runs the model under autocast (mixed precision)."""
+    lr: float = Field(default=1e-5, gt=0.0)
+    """Peak learning rate of AdamW."""
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warm-up length in optimizer steps."""
+    lr_schedule: LRSchedule = Field(default_factory=ConstantSchedule)
+    """Schedule after warm-up: `constant`, or `{type: cosine, min_lr_ratio: r}` (decay to r * lr)."""
+    max_grad_norm: float | None = Field(default=1.0, gt=0.0)
+    """Global gradient-norm clip; null disables clipping (the norm is still measured)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    ppo_epochs: int = Field(default=1, gt=0)
+    """Passes over each step's batch."""
+    mini_batch_size: int | None = Field(default=None, gt=0)
+    """Sequences per optimizer step, across all learners; null means the whole step batch (one step per epoch)."""
+    micro_batch_size: int = Field(default=4, gt=0)
+    """Sequences per forward/backward pass on one learner."""
+    max_consecutive_nonfinite: int = Field(default=3, gt=0)
+    """Optimizer steps with a non-finite loss or grad norm are skipped; this many in a row stop the run."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        return refuse_moved(data, "learner", {
+            "min_lr_ratio": "learner.lr_schedule.min_lr_ratio, a field of the cosine schedule only: write "
+                            "`learner.lr_schedule: {{type: cosine, min_lr_ratio: {value}}}`"})
+
+
+class ReferenceConfig(Section):
+    path: str | None = None
+    """Reference model; null means the initial policy (`model.path`). Created only when a KL term needs it."""
+    dtype: Dtype = "float32"
+    """Dtype the reference model runs in."""
+    micro_batch_size: int = Field(default=8, gt=0)
+    """Sequences per reference forward pass."""

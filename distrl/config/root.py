@@ -1,0 +1,147 @@
+"""`Config`, the root of the tree: its sections, sizes derived from them, and the checks that span sections (each
+message names every field it involves)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from distrl.config.algorithm import GROUP_ESTIMATORS, AlgorithmConfig
+from distrl.config.base import Section
+from distrl.config.cluster import ClusterConfig
+from distrl.config.learner import LearnerConfig, ReferenceConfig
+from distrl.config.loop import AsyncLoop, Loop, SyncLoop
+from distrl.config.loss import LossConfig
+from distrl.config.model import DataConfig, ModelConfig
+from distrl.config.reward import RewardConfig
+from distrl.config.rollout import RolloutConfig
+from distrl.config.run import RunConfig
+
+
+class Config(Section):
+    model: ModelConfig
+    """Policy model."""
+    data: DataConfig
+    """Prompt data."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """vLLM generation."""
+    reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
+    """Reference model for the KL term."""
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    """Optimisation."""
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Advantage estimation and the source of old log-probs."""
+    loss: LossConfig = Field(default_factory=LossConfig)
+    """Policy loss."""
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    """Reward function."""
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Actor counts, resources and placement."""
+    loop: Loop = Field(default_factory=SyncLoop)
+    """Synchronous (`mode: sync`) or asynchronous (`mode: async`, `max_staleness: k`) training loop."""
+    run: RunConfig = Field(default_factory=RunConfig)
+    """Steps, seed, outputs."""
+
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences per step: prompts_per_step x n_samples_per_prompt."""
+        return self.rollout.prompts_per_step * self.rollout.n_samples_per_prompt
+
+    @property
+    def mini_batch_size(self) -> int:
+        """Sequences per optimizer step (the whole batch when `learner.mini_batch_size` is null)."""
+        return self.learner.mini_batch_size or self.global_batch_size
+
+    @property
+    def old_logprobs_in_update(self) -> bool:
+        """Whether the learners take the old log-probs from the update's own forward pass (see
+        `algorithm.old_logprobs`): the update is a single optimizer step from the proximal policy, and nothing needs
+        the old log-probs before it (KL in the reward does)."""
+        return (self.algorithm.old_logprobs == "recompute" and self.learner.ppo_epochs == 1
+                and self.mini_batch_size == self.global_batch_size
+                and not (self.loss.kl.target == "reward" and self.loss.kl.coef > 0))
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a reference actor must exist (a KL term with a non-zero coefficient)."""
+        return self.loss.kl.coef > 0.0
+
+    @property
+    def max_staleness(self) -> int:
+        """k of the loop: 0 for the synchronous loop."""
+        return self.loop.max_staleness if isinstance(self.loop, AsyncLoop) else 0
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Config:  # noqa: PLR0912 - one flat list of independent checks, each one branch
+        errors: list[str] = []
+        bypass = self.algorithm.old_logprobs == "rollout"
+        if isinstance(self.loop, AsyncLoop) and bypass and self.loss.correction is None:
+            errors.append("loop.mode 'async' with algorithm.old_logprobs 'rollout' and no loss.correction trains on "
+                          "stale samples as if they were on-policy (the combination AReaL shows to collapse): use "
+                          "algorithm.old_logprobs 'recompute', whose correction (e.g. loss.correction.mode tis) "
+                          "bridges the behaviour policy to the proximal one")
+        if self.cluster.backend == "local" and self.cluster.learner.num_actors > 1:
+            errors.append(f"cluster.backend 'local' runs one learner in the driver's process; "
+                          f"cluster.learner.num_actors is {self.cluster.learner.num_actors}")
+        if self.cluster.backend == "local" and self.cluster.weight_sync == "nccl":
+            errors.append("cluster.weight_sync 'nccl' needs Ray actors on GPUs; cluster.backend is 'local'")
+        adv = self.algorithm.advantage
+        g = self.rollout.n_samples_per_prompt
+        if adv in GROUP_ESTIMATORS and g < 2:
+            errors.append(f"algorithm.advantage '{adv}' compares samples within a group and needs "
+                          f"rollout.n_samples_per_prompt >= 2 (got {g})")
+        if adv == "gae":
+            errors.append("algorithm.advantage 'gae' needs a value model (critic), which distrl's driver does not "
+                          "train yet; use grpo, dr_grpo, rloo, reinforce_pp or reinforce_pp_baseline")
+        batch, mini = self.global_batch_size, self.mini_batch_size
+        learners, micro = self.cluster.learner.num_actors, self.learner.micro_batch_size
+        if batch % mini:
+            errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
+                          f"learner.mini_batch_size ({mini})")
+        if mini % (learners * micro):
+            errors.append(f"learner.mini_batch_size ({mini}) must be divisible by cluster.learner.num_actors "
+                          f"({learners}) x learner.micro_batch_size ({micro})")
+        if self.algorithm.old_logprobs == "rollout" and self.loss.correction is not None:
+            errors.append("loss.correction needs algorithm.old_logprobs 'recompute': with 'rollout' the old and "
+                          "rollout log-probs are the same and every weight would be 1")
+        if self.rollout.max_model_len is not None and (
+            self.rollout.max_model_len < self.data.max_prompt_tokens + self.rollout.sampling.max_new_tokens
+        ):
+            errors.append(f"rollout.max_model_len ({self.rollout.max_model_len}) must be >= data.max_prompt_tokens "
+                          f"+ rollout.sampling.max_new_tokens "
+                          f"({self.data.max_prompt_tokens + self.rollout.sampling.max_new_tokens})")
+        if self.rollout.tensor_parallel_size > 1:
+            errors.append(f"rollout.tensor_parallel_size ({self.rollout.tensor_parallel_size}) > 1 is not supported "
+                          "yet: in-place weight updates need the engine inside the rollout actor's process; scale "
+                          "with cluster.rollout.num_actors instead")
+        s = self.rollout.sampling
+        if self.algorithm.old_logprobs == "rollout" and (s.top_p < 1.0 or s.top_k > 0):
+            errors.append("algorithm.old_logprobs 'rollout' with rollout.sampling.top_p < 1 or "
+                          "rollout.sampling.top_k > 0 would take the truncated sampler's log-probs as the old "
+                          "policy (biased ratios from the first step); use 'recompute'")
+        if self.cluster.weight_sync == "nccl" and (
+            self.cluster.learner.num_gpus == 0 or self.cluster.rollout.num_gpus == 0
+        ):
+            errors.append("cluster.weight_sync 'nccl' needs GPUs on both cluster.learner.num_gpus and "
+                          "cluster.rollout.num_gpus")
+        if self.cluster.num_cpus is not None and self.cluster.address is None:
+            problem = self.unplaceable(self.cluster.num_cpus, "cluster.num_cpus", "num_cpus")
+            if problem:
+                errors.append(problem)
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+    def unplaceable(self, have: float, what: str, resource: str) -> str | None:
+        """Why the roles' `resource` (num_cpus or num_gpus) cannot fit in the `have` of one node (`what` names
+        where that figure comes from), or None. A reward task needs reward.num_cpus besides the actors."""
+        roles = [("rollout", self.cluster.rollout), ("learner", self.cluster.learner)]
+        if self.needs_reference:
+            roles.append(("reference", self.cluster.reference))
+        reward = self.reward.num_cpus if resource == "num_cpus" else 0.0
+        demand = sum(r.num_actors * getattr(r, resource) for _, r in roles) + reward
+        if demand <= have + 1e-9:
+            return None
+        parts = " + ".join(f"cluster.{n}.num_actors x {resource} ({r.num_actors} x {getattr(r, resource)})"
+                           for n, r in roles if getattr(r, resource))
+        tail = f" and a reward task needs reward.num_cpus ({reward})" if reward else ""
+        return f"the embedded cluster has {what} = {have:g} but the actors reserve {parts}{tail}: {demand:g} in all"
