@@ -15,6 +15,7 @@ import pytest
 import ray
 import torch
 
+from distrl import checkpoint
 from distrl.batching import advantages, pad
 from distrl.cluster.backend import RayBackend
 from distrl.cluster.producer import Producer
@@ -120,14 +121,16 @@ class TestTinyQwen2:
         rollouts, batch = one_step_batch(cfg, roles)
         ray.get(roles.learner.call(0, Learner.update, batch))  # weights and optimizer state that differ from any start
         saved = learner_weights(roles)
-        path = ray.get(roles.learner.call(0, Learner.save_checkpoint, str(tmp_path / "step_000003"), {"step": 3}))
+        tmp = checkpoint.begin(tmp_path / "step_000003")  # as the driver's save_checkpoint does
+        ray.get(roles.learner.call(0, Learner.save_checkpoint, str(tmp / "policy")))
+        path = checkpoint.finish(tmp, {"step": 3}, ("policy",))
         roles.sync.push(version=3)
         served = engine_logprobs(roles, rollouts)
 
         fresh = Learner(cfg.model, cfg.learner, cfg.loss, temperature=cfg.rollout.sampling.temperature,
                         norm_len=cfg.rollout.sampling.max_new_tokens, mini_batch_size=cfg.mini_batch_size,
                         total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed)
-        fresh.load_checkpoint(path)
+        fresh.load_checkpoint(str(path / "policy"), 3)
         assert fresh.model.lm_head.weight is fresh.model.model.embed_tokens.weight
         loaded = fresh.weight_bucket(*fresh.weight_specs(ALL, "float32"), "float32")
         assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
