@@ -17,6 +17,7 @@ import torch
 from distrl import checkpoint
 from distrl.algo import LossInputs, compute_loss
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
+from distrl.merging import values
 from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist, fingerprint, nccl
 from distrl.workers.device import granted_device
@@ -161,7 +162,7 @@ class Learner:
                 nonfinite_loss = 1.0
             out.loss.backward()
             micro_tokens.append(float(micro.response_mask.sum()))
-            for key, value in out.metrics.items():
+            for key, value in values(out.metrics).items():
                 # Loss terms are partial sums over the global count: they add up; ratios and fractions average.
                 if key.startswith("loss/"):
                     loss_sums[key] += value
