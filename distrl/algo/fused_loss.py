@@ -33,7 +33,7 @@ from torch.autograd.function import once_differentiable
 from distrl.algo.correction import correction_with_metrics
 from distrl.algo.kl import kl_estimate_with_grad
 from distrl.algo.loss_inputs import LossInputs, kl_in_loss
-from distrl.algo.masked import Aggregation, normaliser, valid_of
+from distrl.algo.masked import Aggregation, normaliser
 from distrl.algo.policy import clipped_surrogate_with_grad
 from distrl.config import LossConfig
 
@@ -48,11 +48,12 @@ class Tokens:
     """
 
     def __init__(self, mask: torch.Tensor, dtype: torch.dtype) -> None:
-        ones = valid_of(mask).to(torch.int32)
-        self.valid = ones.to(dtype)
+        # valid_of(mask) written straight into a float tensor: one pass, where bool then float would take two
+        self.valid = torch.ne(mask, 0, out=torch.empty(mask.shape, dtype=dtype, device=mask.device))
         self.lengths = self.valid.sum(-1)
         self.count = self.lengths.sum()
-        self._bits = {4: ones.neg_()}  # by element size: -1 (every bit set) on valid tokens, 0 on padding
+        # by element size: -1 (every bit set) on valid tokens, 0 on padding
+        self._bits = {4: self.valid.to(torch.int32).neg_()}
 
     def zero_padding(self, x: torch.Tensor, in_place: bool = False) -> torch.Tensor:
         """`x` `[B, T]` with +0 on padding, bit for bit `torch.where(valid, x, 0)`, NaN and inf included;
