@@ -103,7 +103,7 @@ def clipped_surrogate_with_grad(
     """`clipped_surrogate` and its gradient in few passes over `[B, T]`, without booleans or torch.where (both slow
     on CPU). Consumes `log_ratio` (overwritten).
 
-    All `[B, T]`; `upstream` is d loss / d pg (scalar, `[B, 1]` or `[B, T]`; None: no gradient). Returns (pg,
+    All `[B, T]`; `upstream` is d loss / d pg (scalar or `[B, 1]`; None: no gradient). Returns (pg,
     d loss / d log_ratio or None, clipped count, dual-clipped count or None), counts as 0-dim floats. pg and the
     counts equal `clipped_surrogate`'s bit for bit (pg = -min(A r, A clip(r)) is max(-A r, -A clip(r)) exactly);
     the gradient is -upstream A r, 0 where the clipped branch, the dual-clip cap or the +-20 clamp of the
@@ -130,6 +130,6 @@ def clipped_surrogate_with_grad(
         least = capped
     grad = None
     if upstream is not None:
-        minus_kept = blocked.sign_().sub_(1.0)  # -1 where the gradient flows, 0 where it is blocked
-        grad = torch.mul(gain, upstream).mul_(minus_kept)
+        kept = torch.eq(blocked, 0, out=blocked)  # 1.0 where the gradient flows, 0.0 where it is blocked
+        grad = torch.mul(gain, -upstream).mul_(kept)
     return least.neg_(), grad, clipped, dual_clipped

@@ -130,3 +130,15 @@ def test_no_gradient_asked_gives_a_plain_tensor():
     assert not out.loss.requires_grad
     ref_loss, _ = reference_loss(x, LossConfig(entropy_coef=0.01))
     assert torch.equal(out.loss, ref_loss.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_zero_padding_by_bits_is_where_bit_for_bit(dtype):
+    from distrl.algo.fused_loss import Tokens
+
+    x = torch.tensor([[math.nan, -0.0, math.inf, 1e30], [-math.inf, 2.5, -0.0, math.nan]], dtype=dtype)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0]])
+    got = Tokens(mask, torch.float32).zero_padding(x)
+    want = torch.where(mask != 0, x, 0)
+    int_type = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}[dtype]
+    assert torch.equal(got.view(int_type), want.view(int_type))  # the same bits, NaN and -0 included
