@@ -1,25 +1,28 @@
 """The fused forward and backward of `compute_loss`: `reference_loss`'s loss, metrics and gradients in few passes.
 
-Where the time went in `reference_loss` (B=64, T=2048, float32 CPU, PPO + token TIS; `bench/bench_loss.py`): about
-three quarters in autograd's backward through torch.maximum, torch.clamp and torch.where, whose backward kernels use
-boolean masks and `where` (each ~15x the cost of a float add on this CPU build), and most of the rest in the forward's
-~35 `where`s and boolean comparisons (every input zeroed on padding, then masked again by each masked_mean).
+Where the time went in `reference_loss` (B=64, T=2048, float32 CPU, PPO + token TIS; `bench/bench_loss.py`): 108
+passes over `[B, T]` per forward + backward, 25 of them `torch.where` and 12 boolean-to-float copies (every input
+zeroed on padding, then masked again by each masked mean and by the backward of clamp, maximum and where); on this
+CPU build `where` costs ~18x a float add and a boolean comparison ~4x. About 3/4 of its CPU time was the forward
+with its metrics, 1/4 autograd's backward.
 
 What this path does instead:
 - The loss is a sum of per-token functions of `logprobs` (everything else, GSPO's sequence ratio included, is a
   constant), so d loss / d logprobs_it is that token's own derivative times its aggregation weight. The forward pass
   forms it from values it computes anyway (`clipped_surrogate_with_grad`, `kl_estimate_with_grad`); the backward
-  pass is one multiplication (`_KnownGradient`).
+  pass is one multiplication (`KnownGradient`).
 - Padding is zeroed once per input by a bitwise AND of the float's bits with an all-ones / all-zeros integer mask:
   the bits of `torch.where(valid, x, 0)` (NaN and inf in padding become +0) at the cost of an add. Every later
   quantity is then finite and 0 (or harmless) on padding, so nothing is masked twice.
-- Indicators (clipped, truncated, dual-clipped) are 0/1 floats from sign() of a non-negative difference; counts are
-  sums of 0/1 floats, exact in any summation order; metrics share the loss's intermediates.
+- Indicators (clipped, truncated, dual-clipped, kept) are 0/1 floats (sign() of a non-negative gap, or `torch.eq`
+  written into a float tensor), never booleans; counts are sums of 0/1 floats, exact in any summation order; metrics
+  share the loss's intermediates; temporaries are reused in place and dropped as soon as they are dead (every fresh
+  `[B, T]` tensor costs page faults on CPU).
 
-Exactness: the same operations on the same values in the same order as `reference_loss`, so the loss and every
-metric are equal bit for bit when the valid inputs are finite, and so are the gradients when the loss's incoming
-gradient is 1 (the usual `loss.backward()`; another scale multiplies the finished gradient, a rounding apart).
-The one departure is the subgradient at an exact tie described in `clipped_surrogate_with_grad`.
+Exactness: the loss and every metric come from the same operations on the same values in the same order as in
+`reference_loss`, so they are equal bit for bit when the valid inputs are finite. The gradients are autograd's
+products formed in another order: equal to float rounding (tests hold them to rtol 1e-6). The one departure is the
+subgradient at an exact tie described in `clipped_surrogate_with_grad`.
 """
 
 from __future__ import annotations
