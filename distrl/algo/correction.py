@@ -168,9 +168,10 @@ def _weight_metrics_of_zeroed(weights: torch.Tensor, valid: torch.Tensor, count:
     total, sq = weights.sum(), torch.mul(weights, weights, out=spare).sum()
     ess = torch.where(sq > 0, total**2 / (count * sq).clamp(min=torch.finfo(weights.dtype).tiny), 0.0)
     any_valid = count > 0
-    # Padding raised to the largest float is never the minimum (valid: 0 * max + w = w exactly); weights are >= 0,
-    # so padding's 0 is never the maximum.
-    largest = torch.finfo(weights.dtype).max
-    w_min = torch.mul(valid, -largest, out=spare).add_(largest).add_(weights).amin()
+    # Padding raised to the largest float is never the minimum: lerp(max, w, valid) is w - (w - max) * 0 = w exactly
+    # where valid is 1 and max + 0 * (w - max) = max where it is 0 (torch.lerp's two branches). Weights are >= 0, so
+    # padding's 0 is never the maximum.
+    largest = torch.full((), torch.finfo(weights.dtype).max, dtype=weights.dtype, device=weights.device)
+    w_min = torch.lerp(largest, weights, valid, out=spare).amin()
     return {"is_weight_mean": total / count.clamp(min=1), "is_weight_min": torch.where(any_valid, w_min, 0.0),
             "is_weight_max": torch.where(any_valid, weights.amax(), 0.0), "is_ess": ess}
