@@ -21,8 +21,8 @@ What this path does instead:
 
 Exactness: the loss and every metric come from the same operations on the same values in the same order as in
 `reference_loss`, so they are equal bit for bit when the valid inputs are finite. The gradients are autograd's
-products formed in another order: equal to float rounding (tests hold them to rtol 1e-6). The one departure is the
-subgradient at an exact tie described in `clipped_surrogate_with_grad`.
+products formed in another order: equal to float rounding (tests: within 1e-6 of the gradient's scale). The one
+departure is the subgradient at an exact tie described in `clipped_surrogate_with_grad`.
 """
 
 from __future__ import annotations

@@ -59,7 +59,10 @@ def _compare(x: LossInputs, cfg: LossConfig) -> None:
         if ref.grad is None:
             assert fused.grad is None or not fused.grad.any()
         else:
-            torch.testing.assert_close(fused.grad, ref.grad, rtol=1e-6, atol=1e-9)
+            # products formed in another order differ by an ulp; where the policy and KL terms nearly cancel, that
+            # ulp is large relative to their sum, so the absolute tolerance follows the gradient's scale
+            scale = float(ref.grad.abs().max())
+            torch.testing.assert_close(fused.grad, ref.grad, rtol=1e-6, atol=1e-6 * scale + 1e-12)
 
 
 @pytest.mark.parametrize(("policy", "aggregation"), POLICY_AGGREGATIONS)
@@ -84,7 +87,7 @@ def _padded_batch(draw):
     return lengths, t, fills, draw(st.integers(0, 2**16))
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(_padded_batch(), st.sampled_from(POLICY_AGGREGATIONS), st.sampled_from(list(CORRECTIONS.values())),
        st.sampled_from(["k1", "k2", "k3", "k3+"]), st.sampled_from([None, 2.0]))
 def test_fused_equals_reference_with_garbage_in_padding(batch, policy_aggregation, correction, estimator, dual_clip):
