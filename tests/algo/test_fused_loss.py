@@ -145,3 +145,15 @@ def test_zero_padding_by_bits_is_where_bit_for_bit(dtype):
     want = torch.where(mask != 0, x, 0)
     int_type = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}[dtype]
     assert torch.equal(got.view(int_type), want.view(int_type))  # the same bits, NaN and -0 included
+
+
+def test_strided_inputs():
+    # advantages as a broadcast view of one value per sequence, log-probs as a column slice of a wider tensor
+    x = random_inputs([5, 2, 0, 6], 6, seed=4, spread=1.0)
+    wide = torch.zeros(4, 9)
+    wide[:, 2:8] = x.old_logprobs
+    strided = LossInputs(**{**x.__dict__, "advantages": x.advantages[:, :1].expand(4, 6),
+                            "old_logprobs": wide[:, 2:8]})
+    assert not strided.old_logprobs.is_contiguous() and strided.advantages.stride() == (6, 0)
+    _compare(strided, LossConfig(policy="gspo", aggregation="seq_mean_token_mean", dual_clip=2.0,
+                                 correction=CorrectionConfig(mode="icepop"), kl=KLConfig(coef=0.1), entropy_coef=0.01))
