@@ -11,9 +11,9 @@ import torch
 
 from distrl import checkpoint
 from distrl.config import LearnerConfig, LossConfig, ModelConfig, RatioCorrection
-from distrl.merging import Figure, Merge, merge, values
+from distrl.merging import values
 from distrl.types import Sequences, TrainBatch
-from distrl.workers.learner import Learner, NonFiniteError, loss_figures
+from distrl.workers.learner import Learner, NonFiniteError
 
 
 def make_learner(model_dir, loss: LossConfig | None = None, **learner) -> Learner:
@@ -190,14 +190,4 @@ def test_a_checkpoint_holds_no_pickle(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(pickle, "load", refuse)
     monkeypatch.setattr(pickle, "loads", refuse)
     make_learner(tiny_model_dir).load_checkpoint(str(path / "policy"), 1)
-
-
-def test_loss_figures_say_how_they_merge_over_micro_batches_and_learners():
-    figs = loss_figures({"loss/policy": 0.25, "is_weight_min": 0.5, "is_weight_max": 1.5, "clip_frac": 0.1})
-    assert figs == {"loss/policy": Figure(0.25, Merge.SUM), "is_weight_min": Figure(0.5, Merge.MIN),
-                    "is_weight_max": Figure(1.5, Merge.MAX), "clip_frac": Figure(0.1, Merge.TOKEN_MEAN)}
-    # clip_frac 0.1 over 30 tokens and 0.3 over 10 tokens: (3 + 3) / 40 = 0.15 of all tokens were clipped
-    other = loss_figures({"loss/policy": 0.5, "is_weight_min": 0.8, "is_weight_max": 2.0, "clip_frac": 0.3})
-    assert values(merge([figs, other], [30.0, 10.0])) == pytest.approx(
-        {"loss/policy": 0.75, "is_weight_min": 0.5, "is_weight_max": 2.0, "clip_frac": 0.15})
 

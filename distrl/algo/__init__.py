@@ -9,6 +9,7 @@ from distrl.algo.correction import metrics_by_staleness, mismatch_metrics, rollo
 from distrl.algo.kl import kl_estimate
 from distrl.algo.logprobs import entropy_from_logits, token_logprobs
 from distrl.algo.loss import LossInputs, LossOutput, compute_loss
+from distrl.algo.loss_reference import reference_loss
 from distrl.algo.masked import aggregate, masked_mean, masked_sum
 from distrl.algo.policy import clipped_surrogate, gspo_log_ratio, policy_term, ppo_log_ratio
 from distrl.algo.value import value_loss
@@ -30,6 +31,7 @@ __all__ = [
     "mismatch_metrics",
     "policy_term",
     "ppo_log_ratio",
+    "reference_loss",
     "rollout_correction",
     "token_advantages",
     "token_logprobs",

@@ -19,6 +19,13 @@ import torch
 from distrl.algo.masked import masked_mean, masked_sum, valid_of, zero_padding
 from distrl.algo.policy import LOG_RATIO_CLAMP, exp_ratio
 from distrl.config import CorrectionConfig
+from distrl.merging import Merge
+
+MERGE = {"is_weight_mean": Merge.TOKEN_MEAN, "is_weight_min": Merge.MIN, "is_weight_max": Merge.MAX,
+         # the token-weighted mean of the parts' ESS: close to, not equal to, the ESS of the whole batch
+         "is_ess": Merge.TOKEN_MEAN, "is_frac_truncated": Merge.TOKEN_MEAN, "is_frac_masked": Merge.TOKEN_MEAN,
+         "mismatch_kl": Merge.TOKEN_MEAN, "mismatch_k3": Merge.TOKEN_MEAN}
+"""How each metric of this module merges over micro-batches and learners (`distrl.merging`)."""
 
 
 def mismatch_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
@@ -108,3 +115,63 @@ def metrics_by_staleness(old_logprobs: torch.Tensor, rollout_logprobs: torch.Ten
         else:
             out[name] = rollout_correction(old_logprobs, rollout_logprobs, bucket_mask, cfg)[1]
     return out
+
+
+
+def correction_with_metrics(d: torch.Tensor, valid: torch.Tensor, lengths: torch.Tensor,
+                            cfg: CorrectionConfig | None) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """`rollout_correction`'s weights and metrics (`mismatch_metrics` alone when `cfg` is None), bit for bit, from
+    d = old_logprobs - rollout_logprobs `[B, T]` already 0 on padding, the 0/1 float mask `valid` `[B, T]` and its row
+    sums `lengths` `[B]`, in few passes and without booleans or torch.where over `[B, T]` (both slow on CPU).
+    Counts are of non-zero floats, exact in any order."""
+    count = lengths.sum()
+    by_sequence = cfg is not None and (cfg.mode == "seq_mask_tis" or cfg.level == "sequence")
+    row_sums = d.sum(-1) if by_sequence else None  # [B], before d is clamped in place
+    mismatch_kl = -d.sum() / count.clamp(min=1)
+    d_clamped = d.clamp_(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    spare = torch.expm1(d_clamped).sub_(d_clamped)  # k3 of the mismatch; its memory is reused below
+    mismatch = {"mismatch_kl": mismatch_kl, "mismatch_k3": spare.sum() / count.clamp(min=1)}
+    if cfg is None:
+        return None, mismatch
+    token = d_clamped.exp_()
+    if cfg.mode == "seq_mask_tis":
+        assert row_sums is not None
+        geometric = exp_ratio(row_sums / lengths.clamp(min=1)).unsqueeze(-1)  # [B, 1]
+        keep_seq = ((geometric >= cfg.low) & (geometric <= cfg.high)).to(d.dtype)
+        weights = token.mul_(valid).mul_(keep_seq)
+        changed = (lengths * (1.0 - keep_seq.squeeze(-1))).sum()
+    elif cfg.level == "sequence":
+        assert row_sums is not None
+        product = exp_ratio(row_sums).unsqueeze(-1)  # [B, 1]
+        out_of_bounds = (product < cfg.low) | (product > cfg.high)
+        row = product.clamp(cfg.low, cfg.high) if cfg.mode == "tis" else torch.where(out_of_bounds, 0.0, product)
+        weights = row * valid
+        changed = (lengths * out_of_bounds.squeeze(-1).to(d.dtype)).sum()
+    elif cfg.mode == "tis":
+        weights = token.clamp(cfg.low, cfg.high).mul_(valid)
+        # on padding the weight 0 and the token ratio 1 always differ: count every difference, then take those off
+        changed = (torch.count_nonzero(token.sub_(weights)) - (valid.numel() - count)).to(d.dtype)
+    else:
+        out_of_bounds = torch.clamp(token, cfg.low, cfg.high, out=spare).sub_(token).abs_().sign_()
+        weights = token.addcmul_(token, out_of_bounds, value=-1.0).mul_(valid)  # r - r * 1 = 0, r - r * 0 = r
+        changed = torch.dot(out_of_bounds.flatten(), valid.flatten())
+    frac_key = "is_frac_truncated" if cfg.mode == "tis" else "is_frac_masked"
+    metrics = {**_weight_metrics_of_zeroed(weights, valid, count, spare), frac_key: changed / count.clamp(min=1),
+               **mismatch}
+    return weights, metrics
+
+
+def _weight_metrics_of_zeroed(weights: torch.Tensor, valid: torch.Tensor, count: torch.Tensor,
+                              spare: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`weight_metrics` of non-negative `weights` `[B, T]` that are already 0 on padding (`valid` 0/1 float);
+    `spare` is a `[B, T]` buffer it may overwrite."""
+    total, sq = weights.sum(), torch.mul(weights, weights, out=spare).sum()
+    ess = torch.where(sq > 0, total**2 / (count * sq).clamp(min=torch.finfo(weights.dtype).tiny), 0.0)
+    any_valid = count > 0
+    # Padding raised to the largest float is never the minimum: lerp(max, w, valid) is w - (w - max) * 0 = w exactly
+    # where valid is 1 and max + 0 * (w - max) = max where it is 0 (torch.lerp's two branches). Weights are >= 0, so
+    # padding's 0 is never the maximum.
+    largest = torch.full((), torch.finfo(weights.dtype).max, dtype=weights.dtype, device=weights.device)
+    w_min = torch.lerp(largest, weights, valid, out=spare).amin()
+    return {"is_weight_mean": total / count.clamp(min=1), "is_weight_min": torch.where(any_valid, w_min, 0.0),
+            "is_weight_max": torch.where(any_valid, weights.amax(), 0.0), "is_ess": ess}

@@ -37,3 +37,30 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLEsti
     if kind == "k3+":
         return k2 + (k3 - k2).detach()
     raise ValueError(f"unknown KL estimator {kind!r}; expected k1, k2, k3 or k3+")
+
+
+def kl_estimate_with_grad(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLEstimator,
+                          upstream: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`kl_estimate` (bit for bit) and d loss / d logprobs `[B, T]` given `upstream` = d loss / d kl (None: no
+    gradient), computed as autograd computes it through `kl_estimate`, without booleans or torch.where:
+
+        k1: g    k2, k3+: g x    k3: g - g exp(-x)    (0 where the clamp at +-10 binds)
+    """
+    diff = logprobs - ref_logprobs
+    x = torch.clamp(diff, -_CLAMP, _CLAMP)
+    if kind == "k1":
+        value, grad = x, None if upstream is None else upstream.expand_as(x)
+    elif kind in ("k2", "k3", "k3+"):
+        k2 = 0.5 * x * x
+        value, grad = k2, None if upstream is None else upstream * x
+        if kind != "k2":
+            exp_neg = torch.exp(-x)
+            k3 = exp_neg + x - 1.0
+            value = k3 if kind == "k3" else k2 + (k3 - k2)
+            if kind == "k3" and upstream is not None:
+                grad = upstream - upstream * exp_neg
+    else:
+        raise ValueError(f"unknown KL estimator {kind!r}; expected k1, k2, k3 or k3+")
+    if grad is not None:
+        grad = torch.addcmul(grad, grad, torch.sign((x - diff).abs()), value=-1.0)
+    return value, grad

@@ -57,9 +57,9 @@ def aggregate(
     valid = valid_of(mask)
     seq_sums = masked_sum(values, valid, dim=-1)  # [B]
     lengths = valid.sum(-1)  # [B]
-    n_seqs = _count(num_seqs, (lengths > 0).sum(), values.dtype)
+    n_seqs = normaliser(num_seqs, (lengths > 0).sum(), values.dtype)
     if mode == "token_mean":
-        return seq_sums.sum() / _count(num_tokens, lengths.sum(), values.dtype)
+        return seq_sums.sum() / normaliser(num_tokens, lengths.sum(), values.dtype)
     if mode == "seq_mean_token_mean":
         # An empty sequence has sum 0 and contributes 0 (its length is clamped to 1 only to avoid 0/0).
         return (seq_sums / lengths.clamp(min=1).to(values.dtype)).sum() / n_seqs
@@ -72,6 +72,6 @@ def aggregate(
                      "token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm")
 
 
-def _count(given: float | None, local: torch.Tensor, dtype: torch.dtype) -> float | torch.Tensor:
-    """A divisor: the global count when given, else the local one; at least 1 so that empty batches give 0."""
+def normaliser(given: float | None, local: torch.Tensor, dtype: torch.dtype) -> float | torch.Tensor:
+    """`aggregate`'s divisor: the global count when given, else the local one; at least 1, so empty batches give 0."""
     return max(float(given), 1.0) if given is not None else local.to(dtype).clamp(min=1)

@@ -89,3 +89,47 @@ def policy_term(
     else:
         raise ValueError(f"unknown policy loss {policy!r}; expected 'ppo' or 'gspo'")
     return clipped_surrogate(log_ratio, advantages, clip_low, clip_high, dual_clip)
+
+
+
+def clipped_surrogate_with_grad(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    upstream: torch.Tensor | None,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """`clipped_surrogate` and its gradient in few passes over `[B, T]`, without booleans or torch.where (both slow
+    on CPU). Consumes `log_ratio` (overwritten).
+
+    All `[B, T]`; `upstream` is d loss / d pg (scalar or `[B, 1]`; None: no gradient). Returns (pg,
+    d loss / d log_ratio or None, clipped count, dual-clipped count or None), counts as 0-dim floats. pg and the
+    counts equal `clipped_surrogate`'s bit for bit (pg = -min(A r, A clip(r)) is max(-A r, -A clip(r)) exactly);
+    the gradient is -upstream A r, 0 where the clipped branch, the dual-clip cap or the +-20 clamp of the
+    log-ratio binds. At an exact tie of both branches with the ratio outside the clip range (a rounding
+    coincidence, or A = 0) autograd splits torch.maximum's gradient in half; here the unclipped branch takes all
+    of it, as `clipped` counts the token as not clipped.
+    """
+    log_ratio_c = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    overshoot = log_ratio.sub_(log_ratio_c)  # 0, or past the clamp by at least ulp(20): its square stays > 0
+    ratio = log_ratio_c.exp_()
+    gain = advantages * ratio  # A r = -(unclipped term)
+    least = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high).mul_(advantages)
+    torch.minimum(gain, least, out=least)  # -pg
+    clip_gap = gain - least  # pg - unclipped: >= 0, and > 0 exactly where the clipped branch is the max
+    blocked = torch.addcmul(clip_gap, overshoot, overshoot, out=overshoot)  # > 0 where the gradient is 0
+    clipped = clip_gap.sign_().sum()
+    dual_clipped = None
+    if dual_clip is not None:
+        # -pg is raised to the dual-clip floor c A where A < 0; for A >= 0 the floor -c A <= 0 <= -pg never binds.
+        capped = torch.maximum(least, advantages.abs().mul_(-dual_clip))
+        dual_gap = capped.sub(least)
+        blocked += dual_gap
+        dual_clipped = dual_gap.sign_().sum()
+        least = capped
+    grad = None
+    if upstream is not None:
+        kept = torch.eq(blocked, 0, out=blocked)  # 1.0 where the gradient flows, 0.0 where it is blocked
+        grad = torch.mul(gain, -upstream).mul_(kept)
+    return least.neg_(), grad, clipped, dual_clipped

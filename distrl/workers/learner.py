@@ -13,7 +13,7 @@ import torch
 from distrl import checkpoint
 from distrl.algo import LossInputs, compute_loss
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
-from distrl.merging import Figure, Figures, Merge
+from distrl.merging import Figures
 from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist, export, fingerprint, nccl
 from distrl.workers.device import granted_device
@@ -22,19 +22,6 @@ from distrl.workers.model import DTYPES, load_causal_lm, response_logprobs, scor
 from distrl.workers.trainer import Counts, NonFiniteError, Trainer
 
 __all__ = ["Learner", "NonFiniteError"]
-
-
-def loss_figures(metrics: dict[str, float]) -> Figures:
-    """`compute_loss`'s metrics with their merge rules: loss terms are partial sums of the global loss, `*_min` /
-    `*_max` extremes, every other figure a mean over the micro-batch's response tokens."""
-    def rule(key: str) -> Merge:
-        if key.startswith("loss/"):
-            return Merge.SUM
-        if key.endswith(("_min", "_max")):
-            return Merge.MIN if key.endswith("_min") else Merge.MAX
-        return Merge.TOKEN_MEAN
-
-    return {key: Figure(value, rule(key)) for key, value in metrics.items()}
 
 
 class Learner:
@@ -98,7 +85,7 @@ class Learner:
                        num_tokens=counts.num_tokens, num_seqs=counts.num_seqs, norm_len=self.norm_len),
             self.loss_cfg,
         )
-        return out.loss, loss_figures(out.metrics)
+        return out.loss, out.metrics
 
     def weights_version(self) -> int:
         """The policy version of the weights held now (what `weight_bucket` called next sends)."""

@@ -53,3 +53,16 @@ def test_gradient_is_finite_and_zero_beyond_the_clamp(kind):
 def test_unknown_estimator():
     with pytest.raises(ValueError, match="KL estimator"):
         kl_estimate(LOGPROBS, REF, "k4")
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3", "k3+"])
+def test_kl_estimate_with_grad_is_autograds_gradient(kind):
+    # the 4th token is past the clamp at 10: value clamped, gradient 0
+    from distrl.algo.kl import kl_estimate_with_grad
+
+    logprobs = LOGPROBS.clone().requires_grad_()
+    upstream = torch.tensor([[0.5, 1.0, 2.0, 1.0]])
+    (kl_estimate(logprobs, REF, kind) * upstream).sum().backward()
+    value, grad = kl_estimate_with_grad(LOGPROBS, REF, kind, upstream)
+    assert torch.equal(value, kl_estimate(LOGPROBS, REF, kind))
+    assert torch.equal(grad, logprobs.grad) and grad[0, 3] == 0

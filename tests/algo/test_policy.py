@@ -127,3 +127,27 @@ def test_gspo_differs_from_ppo():
 def test_unknown_policy():
     with pytest.raises(ValueError, match="policy loss"):
         policy_term(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), "a2c", 0.2, 0.2, None)
+
+
+@pytest.mark.parametrize(
+    ("log_ratio", "advantage", "dual_clip", "pg", "grad", "clipped", "dual"),
+    [
+        (0.5, 1.0, None, -1.2, 0.0, 1.0, None),  # r = e^0.5 = 1.65 > 1.2, A > 0: clipped branch, no gradient
+        (0.0, 2.0, None, -2.0, -2.0, 0.0, None),  # r = 1: -A r, gradient -A r = -2
+        (-1.0, -1.0, None, 0.8, 0.0, 1.0, None),  # r = e^-1 = 0.37 < 0.8, A < 0: clipped at -A 0.8
+        (2.0, -1.0, 3.0, 3.0, 0.0, 0.0, 1.0),  # r = e^2 = 7.39, A < 0: -A r = 7.39 capped at -c A = 3
+        (1.0, 1.0, 3.0, -1.2, 0.0, 1.0, 0.0),  # A > 0 is never capped
+        (25.0, -1.0, None, math.exp(20.0), 0.0, 0.0, None),  # log-ratio clamped at 20: value e^20, no gradient
+    ],
+)
+def test_clipped_surrogate_with_grad_by_hand(log_ratio, advantage, dual_clip, pg, grad, clipped, dual):
+    from distrl.algo.policy import clipped_surrogate_with_grad
+
+    out = clipped_surrogate_with_grad(torch.tensor([[log_ratio]]), torch.tensor([[advantage]]), torch.tensor(1.0),
+                                      0.2, 0.2, dual_clip)
+    assert out[0].item() == pytest.approx(pg, rel=1e-6) and out[1].item() == pytest.approx(grad)
+    assert out[2].item() == clipped and (out[3] is None if dual is None else out[3].item() == dual)
+    # the same values and gradient as autograd through clipped_surrogate
+    if log_ratio != 25.0:
+        assert (out[0].item(), out[1].item()) == pytest.approx(_pg(math.exp(log_ratio), advantage,
+                                                                   dual_clip=dual_clip)[:2], rel=1e-6)
