@@ -1,0 +1,75 @@
+"""Sharded checkpoints of model + optimizer with torch.distributed.checkpoint (DCP), free of pickle.
+
+`save` has every rank write its own shards into one directory through DCP's `HuggingFaceStorageWriter` with
+`save_distributed=True`: one `shard-0000R-model-00001-of-00001.safetensors` per rank R, each tensor stored under
+its flat name (`model.<HF name>`, `optimizer.state.<HF name>.exp_avg`, ...) with its offset in the full tensor in
+the file's JSON header. That writer writes no `.metadata` (DCP's default metadata file is a pickle): the reader
+(`HuggingFaceStorageReader`) rebuilds the layout from the safetensors headers, so loading runs no code from the
+files, and it can load into any number of ranks (DCP reshards). What is not a tensor (the optimizer's
+hyper-parameters per parameter: lr, betas, eps, weight decay, ...) goes to `optimizer_groups.json`, from rank 0.
+
+Scheduler state and step counters are the caller's (`distrl.checkpoint.save_state`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+GROUPS = "optimizer_groups.json"
+MODEL, OPTIMIZER = "model.", "optimizer."
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(tensors under their checkpoint keys, the optimizer's other values) of the live model and optimizer.
+
+    The tensors share storage with the model's shards and the optimizer's state; a fresh optimizer's state is
+    created here first (a zero-learning-rate step of zeros, by `get_state_dict`) so that there is something to
+    load into."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer,
+                                              options=StateDictOptions(flatten_optimizer_state_dict=True))
+    tensors: dict[str, Any] = {MODEL + k: v for k, v in model_state.items()}
+    tensors.update({OPTIMIZER + k: v for k, v in optim_state.items() if isinstance(v, torch.Tensor)})
+    others = {k: v for k, v in optim_state.items() if not isinstance(v, torch.Tensor)}
+    return tensors, others
+
+
+def save(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Write the sharded model and optimizer state to `directory` (created); every rank must call it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    tensors, others = _state(model, optimizer)
+    dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(str(directory), save_distributed=True))
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        (Path(directory) / GROUPS).write_text(json.dumps(others, indent=1))
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def load(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load what `save` wrote into `model` (sharded the same way or not, on any number of ranks) and `optimizer`;
+    every rank must call it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    tensors, others = _state(model, optimizer)
+    dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(directory)))
+    saved = json.loads((Path(directory) / GROUPS).read_text())
+    if set(saved) != set(others):
+        raise ValueError(f"checkpoint {directory}: {GROUPS} has other optimizer entries than this optimizer "
+                         f"(only in the file: {sorted(set(saved) - set(others))[:3]}, only here: "
+                         f"{sorted(set(others) - set(saved))[:3]})")
+    # JSON has no tuples: give back the live value's type (AdamW's betas).
+    groups = {k: tuple(v) if isinstance(others[k], tuple) else v for k, v in saved.items()}
+    model_state = {k[len(MODEL):]: v for k, v in tensors.items() if k.startswith(MODEL)}
+    optim_state = {k[len(OPTIMIZER):]: v for k, v in tensors.items() if k.startswith(OPTIMIZER)} | groups
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+                   options=StateDictOptions(flatten_optimizer_state_dict=True))
