@@ -226,6 +226,51 @@ def assert_close_weights(a: dict, b: dict, atol=1e-3 * LR * STEPS):
 
 
 # ------------------------------------------------------------------------------------------------------ tests
+def test_clip_grad_norm_hand_worked():
+    from distrl.workers.sharding import clip_grad_norm_
+
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1))
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])
+    assert clip_grad_norm_([a, b], 1.0) == pytest.approx(5.0)  # sqrt(3^2 + 4^2)
+    assert torch.allclose(a.grad, torch.tensor([0.6, 0.0]), atol=1e-6)  # x 1 / 5
+    assert torch.allclose(b.grad, torch.tensor([0.8]), atol=1e-6)
+    assert clip_grad_norm_([a, b], float("inf")) == pytest.approx(1.0)  # only measured
+    assert torch.allclose(b.grad, torch.tensor([0.8]), atol=1e-6)
+
+
+def test_decoder_layers_come_from_no_split_modules(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from distrl.workers.sharding import decoder_layer_classes
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert decoder_layer_classes(model) == (LlamaDecoderLayer,)
+    model._no_split_modules = []
+    with pytest.raises(ValueError, match=r"learner\.strategy 'fsdp'.*_no_split_modules"):
+        decoder_layer_classes(model)
+
+
+def test_weight_buckets_and_hf_export_of_an_unsharded_model(tiny_model_dir, tmp_path):
+    """One process, no group: the same functions serve a plain model (rank 0 is this process)."""
+    from transformers import AutoModelForCausalLM
+
+    from distrl.workers.sharding import save_hf, weight_specs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    vocab, hidden = model.config.vocab_size, model.config.hidden_size
+    embed = vocab * hidden * 2  # bytes of the [V, H] embedding in bfloat16
+    specs = weight_specs(model, embed, torch.bfloat16)
+    assert specs[0] == [("model.embed_tokens.weight", (vocab, hidden))]  # exactly one bucket's worth
+    assert len(specs) > 2
+    assert [n for spec in specs for n, _ in spec] == list(model.state_dict())
+    save_hf(model, tmp_path / "hf", torch.bfloat16, bucket_bytes=embed)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype="auto")
+    assert loaded.dtype == torch.bfloat16
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor.to(torch.bfloat16)), name
+
+
 @pytest.fixture(scope="module")
 def numerics(tiny_model_dir, tmp_path_factory):
     return _spawn("numerics", tiny_model_dir, tmp_path_factory.mktemp("numerics"))
