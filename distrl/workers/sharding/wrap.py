@@ -60,9 +60,13 @@ def shard(model: torch.nn.Module, mesh: DeviceMesh, *, compute_dtype: torch.dtyp
 
 def sync_gradients(model: torch.nn.Module, enabled: bool) -> None:
     """Whether the next backward reduce-scatters gradients (True, FSDP's default) or accumulates them unsharded on
-    each rank until a backward with sync on (False). Off until the last micro-batch saves the collectives of the
-    others, but then every rank holds a full-size gradient, which is what sharding removes
-    (`bench/bench_learner_memory.py` measures both)."""
+    each rank until a backward with sync on (False).
+
+    Learners keep the default, a reduce-scatter after every micro-batch: off until the last micro-batch saves the
+    other micro-batches' collectives, but every rank then holds a full-size float32 gradient between them, which is
+    what sharding removes. On the CPU with gloo the saving did not show (`bench/bench_learner_memory.py`: 4
+    micro-batches on 2 learners, interleaved, the step times overlapped); on GPUs the per-micro-batch
+    reduce-scatter runs on its own stream, overlapped with the rest of the backward."""
     if not isinstance(model, FSDPModule):
         raise TypeError(f"sync_gradients: {type(model).__name__} is not sharded (call shard first)")
     model.set_requires_gradient_sync(enabled)
