@@ -135,7 +135,7 @@ def scenario_checkpoint(rank: int, world: int, model_dir: Path, out: Path) -> di
 
 
 def scenario_offload(rank: int, world: int, model_dir: Path, out: Path) -> dict:
-    """A tied Qwen2-style model with CPU offload, against replicas; and one bfloat16-compute step."""
+    """A tied Qwen2 model with CPU offload, against replicas; and one bfloat16-compute step."""
     result: dict = {}
     for name, build in (("replicate", _replicate), ("fsdp", lambda d: _fsdp(d, cpu_offload=True))):
         model, reduce_grads = build(model_dir)
@@ -312,12 +312,10 @@ def test_checkpoint_round_trip_continues_exactly_and_holds_no_pickle(tiny_model_
 
 
 def test_tied_model_with_cpu_offload_equals_replicas(tmp_path):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """distrl's tiny Qwen2 (tied embeddings, QKV bias, grouped-query attention)."""
+    from distrl.workers.tiny_model import make_tiny_model
 
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "qwen2")
+    make_tiny_model(tmp_path / "qwen2", arch="qwen2")
     result = _spawn("offload", tmp_path / "qwen2", tmp_path)
     single_log, single_weights = _single(tmp_path / "qwen2", steps=2)
     for name in ("replicate", "fsdp"):
