@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import traceback
 from pathlib import Path
 
@@ -157,11 +158,12 @@ def _worker(rank: int, world: int, port: int, scenario: str, model_dir: Path, ou
     from distrl.workers.dist import init_process_group
 
     torch.set_num_threads(1)
-
-    init_process_group("127.0.0.1", port, rank, world, "cpu")
+    run = SCENARIOS.get(scenario) or _learner_scenario(scenario)
+    if scenario in SCENARIOS:  # a learner scenario joins the group itself (Learner.connect)
+        init_process_group("127.0.0.1", port, rank, world, "cpu")
     try:
         torch.manual_seed(0)
-        result = SCENARIOS[scenario](rank, world, model_dir, out)
+        result = run(rank, world, model_dir, out) if scenario in SCENARIOS else run(rank, world, port, model_dir, out)
         if rank == 0:
             torch.save(result, out / "result.pt")
     except BaseException:
@@ -169,6 +171,14 @@ def _worker(rank: int, world: int, port: int, scenario: str, model_dir: Path, ou
         raise
     finally:
         torch_dist.destroy_process_group()
+
+
+def _learner_scenario(name: str):
+    """A scenario of tests/test_learner_fsdp.py (`module:function`), which builds `Learner`s that connect."""
+    import importlib
+
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def _free_port() -> int:
@@ -185,9 +195,12 @@ def _spawn(scenario: str, model_dir: Path, out: Path, world: int = 2, timeout: f
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ctx = mp.start_processes(_worker, args=(world, _free_port(), scenario, model_dir, out), nprocs=world,
                              join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
     try:
-        while not ctx.join(timeout=timeout):
-            pass
+        # join returns False while some rank still runs (it wakes when any one ends)
+        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                pytest.fail(f"scenario {scenario} did not finish within {timeout} s (a rank left in a collective?)")
     except mp.ProcessExitedException:
         errors = "\n".join(p.read_text() for p in sorted(out.glob("error-*.txt")))
         pytest.fail(f"scenario {scenario} failed:\n{errors}")

@@ -13,7 +13,16 @@ must stay light.
 from distrl.config.algorithm import AlgorithmConfig
 from distrl.config.cluster import ClusterConfig, RecoveryConfig, RoleResources
 from distrl.config.correction import CorrectionConfig, RatioCorrection, SeqMaskTISCorrection
-from distrl.config.learner import ConstantSchedule, CosineSchedule, LearnerConfig, LRSchedule, ReferenceConfig
+from distrl.config.learner import (
+    ConstantSchedule,
+    CosineSchedule,
+    FSDPStrategy,
+    LearnerConfig,
+    LRSchedule,
+    ReferenceConfig,
+    ReplicateStrategy,
+    Strategy,
+)
 from distrl.config.loading import from_dict, load, to_yaml
 from distrl.config.loop import AsyncLoop, Loop, SyncLoop
 from distrl.config.loss import GSPOConfig, KLConfig, KLInLoss, KLInReward, LossConfig, PolicyConfig, PPOConfig
@@ -35,6 +44,7 @@ __all__ = [
     "CosineSchedule",
     "DataConfig",
     "DynamicSamplingConfig",
+    "FSDPStrategy",
     "GSPOConfig",
     "KLConfig",
     "KLInLoss",
@@ -49,12 +59,14 @@ __all__ = [
     "RatioCorrection",
     "RecoveryConfig",
     "ReferenceConfig",
+    "ReplicateStrategy",
     "RewardConfig",
     "RoleResources",
     "RolloutConfig",
     "RunConfig",
     "SamplingConfig",
     "SeqMaskTISCorrection",
+    "Strategy",
     "SyncLoop",
     "from_dict",
     "load",

@@ -26,7 +26,31 @@ LRSchedule = Annotated[ConstantSchedule | CosineSchedule, Field(discriminator="t
 """`learner.lr_schedule: cosine` is shorthand for `{type: cosine}` (min_lr_ratio 0)."""
 
 
+class ReplicateStrategy(Section):
+    type: Literal["replicate"] = "replicate"
+    """Every learner holds the whole model and its AdamW state (~16 bytes per parameter); gradients are summed
+    across learners with all-reduce."""
+
+
+class FSDPStrategy(Section):
+    type: Literal["fsdp"] = "fsdp"
+    """FSDP2: parameters, gradients and AdamW state are sharded across the learners (one unit per decoder layer),
+    so each holds ~1/M of them; the model is built on the meta device and each learner reads only its slices of
+    the files. Forward passes are collectives: the learners score and train in lockstep, on equal shards."""
+    cpu_offload: bool = False
+    """Keep the sharded parameters, gradients and AdamW state in CPU memory, copied to the GPU for each layer's
+    forward and backward (for models whose shards do not fit next to the activations)."""
+
+
+STRATEGY = Variants("type", "replicate", {"replicate": ReplicateStrategy, "fsdp": FSDPStrategy})
+Strategy = Annotated[ReplicateStrategy | FSDPStrategy, Field(discriminator="type"), STRATEGY.shorthand]
+"""`learner.strategy: fsdp` is shorthand for `{type: fsdp}` (no CPU offload)."""
+
+
 class LearnerConfig(Section):
+    strategy: Strategy = Field(default_factory=ReplicateStrategy)
+    """How the learners hold the model: `replicate` (a full copy each) or `fsdp` (sharded, with optional
+    `cpu_offload`)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of the forward and backward passes. Weights and optimizer state stay float32 either way;
     bfloat16 runs the model under autocast (mixed precision)."""

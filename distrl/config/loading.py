@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from distrl.config.correction import CORRECTION
-from distrl.config.learner import LR_SCHEDULE
+from distrl.config.learner import LR_SCHEDULE, STRATEGY
 from distrl.config.loop import LOOP
 from distrl.config.loss import KL, POLICY
 from distrl.config.root import Config
@@ -27,6 +27,7 @@ VARIANTS: VariantsByPath = {
     ("loss", "kl"): KL,
     ("loss", "correction"): CORRECTION,
     ("learner", "lr_schedule"): LR_SCHEDULE,
+    ("learner", "strategy"): STRATEGY,
     ("loop",): LOOP,
 }
 """Every discriminated union of the tree, by field path: for shorthand in overrides and for error messages."""

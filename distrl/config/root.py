@@ -82,6 +82,9 @@ class Config(Section):
         if self.cluster.backend == "local" and self.cluster.learner.num_actors > 1:
             errors.append(f"cluster.backend 'local' runs one learner in the driver's process; "
                           f"cluster.learner.num_actors is {self.cluster.learner.num_actors}")
+        if self.cluster.backend == "local" and self.learner.strategy.type == "fsdp":
+            errors.append("learner.strategy 'fsdp' shards the model over the learners' process group, which "
+                          "cluster.backend 'local' does not have; use cluster.backend 'ray' (one learner is fine)")
         if self.cluster.backend == "local" and self.cluster.weight_sync == "nccl":
             errors.append("cluster.weight_sync 'nccl' needs Ray actors on GPUs; cluster.backend is 'local'")
         adv = self.algorithm.advantage

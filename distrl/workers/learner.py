@@ -18,30 +18,47 @@ from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist, export, fingerprint, nccl
 from distrl.workers.device import granted_device
 from distrl.workers.fingerprint import Fingerprint
-from distrl.workers.model import DTYPES, load_causal_lm, response_logprobs, score_in_micro_batches
+from distrl.workers.model import DTYPES, response_logprobs, score_in_micro_batches
+from distrl.workers.strategy import make_strategy
 from distrl.workers.trainer import Counts, NonFiniteError, Trainer
 
 __all__ = ["Learner", "NonFiniteError"]
 
+FINGERPRINT_BUCKET_BYTES = 64 * 2**20
+"""Sharded weights are gathered this many bytes at a time to be fingerprinted."""
+
 
 class Learner:
-    """Trains the policy. With M learners, each holds a full replica and receives 1/M of every mini-batch."""
+    """Trains the policy. With M learners, each receives 1/M of every mini-batch and holds a full replica
+    (`learner.strategy: replicate`) or 1/M of the model (`fsdp`; the model is then built once the learners'
+    process group is joined, in `connect`)."""
 
     def __init__(self, model: ModelConfig, cfg: LearnerConfig, loss: LossConfig, *, temperature: float,
                  norm_len: int, mini_batch_size: int, total_optimizer_steps: int, seed: int, num_gpus: float = 0.0):
         torch.manual_seed(seed)
-        self.cfg, self.loss_cfg = cfg, loss
+        self.cfg, self.loss_cfg, self.model_cfg = cfg, loss, model
         self.temperature, self.norm_len = temperature, norm_len
+        self.mini_batch_size, self.total_optimizer_steps = mini_batch_size, total_optimizer_steps
         self.device = granted_device(num_gpus, "learner")
-        self.model = load_causal_lm(model, "float32", device=self.device)
-        self.trainer = Trainer(self.model, cfg, total_optimizer_steps, self.device, mini_batch_size, role="learner")
+        self.strategy = make_strategy(cfg, self.device)
+        if not self.strategy.sharded:
+            self._build()
         self._proximal: list[torch.Tensor] = []  # see proximal_logprobs
         self.updates = 0  # the policy version of these weights: updates applied since step 0
 
+    def _build(self) -> None:
+        self.model = self.strategy.build(self.model_cfg)
+        self.trainer = Trainer(self.model, self.cfg, self.total_optimizer_steps, self.device, self.mini_batch_size,
+                               self.strategy, role="learner")
+
     # ------------------------------------------------------------------------------------------ data parallelism
     def connect(self, master_addr: str, master_port: int, rank: int, world_size: int) -> str:
-        """Join the learners' process group; returns the backend (gloo on CPU, NCCL on GPU)."""
-        return dist.init_process_group(master_addr, master_port, rank, world_size, self.device)
+        """Join the learners' process group (and build a sharded model over it); returns the backend (gloo on CPU,
+        NCCL on GPU)."""
+        backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device)
+        if self.strategy.sharded:
+            self._build()
+        return backend
 
     # ------------------------------------------------------------------------------------------------- scoring
     def logprobs(self, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:
@@ -108,12 +125,17 @@ class Learner:
     def weight_bucket(self, spec: export.Spec, dtype: str) -> dict[str, torch.Tensor]:
         """One bucket of `weight_specs`: its HF-named weights, cast to the rollout dtype, on CPU (learner 0; the
         others return an empty bucket)."""
-        return export.bucket(self.model, spec, dtype) if dist.rank() == 0 else {}
+        return self.strategy.bucket(self.model, spec, dtype)
 
     def weights_fingerprint(self, dtype: str) -> Fingerprint:
         """Fingerprint of the exported weights as sent (cast to the rollout `dtype`), for the engines to check
-        (learner 0; the others return an empty one)."""
-        return fingerprint.of_tensors(export.exported(self.model), DTYPES[dtype]) if dist.rank() == 0 else {}
+        (learner 0; the others return an empty one). Sharded weights are gathered bucket by bucket."""
+        if not self.strategy.sharded:
+            return fingerprint.of_tensors(export.exported(self.model), DTYPES[dtype]) if dist.rank() == 0 else {}
+        out: Fingerprint = {}
+        for spec in export.specs(self.model, FINGERPRINT_BUCKET_BYTES, dtype):
+            out.update(fingerprint.of_tensors(self.strategy.bucket(self.model, spec, dtype).items(), DTYPES[dtype]))
+        return out
 
     def free_port(self, host: str) -> int:
         """A free TCP port on `host` (this actor's node): the rendezvous of the learners' group and of the NCCL
@@ -130,18 +152,17 @@ class Learner:
     def nccl_send(self, specs: list[nccl.Spec], dtype: str) -> None:
         """Broadcast the buckets `specs` (the layout every receiver was given) from learner 0 (the others have
         nothing to send)."""
-        if dist.rank() != 0:
-            return
         for spec in specs:
-            nccl.send_bucket(self._nccl, export.bucket(self.model, spec, dtype, device=self.device))
+            bucket = self.strategy.bucket(self.model, spec, dtype, device=self.device)  # every learner gathers
+            if dist.rank() == 0:
+                nccl.send_bucket(self._nccl, bucket)
 
     # ---------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, directory: str) -> None:
         """Write this learner's part of a checkpoint (`checkpoint.write_trainer`: the policy in HF format, the
         optimizer and schedule state) to `directory`, which the driver made (`checkpoint.begin`). Every learner is
-        called; learner 0 writes the replica's."""
-        if dist.rank() == 0:
-            checkpoint.write_trainer(directory, self.model, self.trainer.state_dict())
+        called (`Trainer.save`)."""
+        self.trainer.save(directory, hf_model=True)
 
     def seen_digest(self, path: str) -> str | None:
         """`checkpoint.seen_digest` on this learner's node, where its checkpoints are written."""
@@ -150,6 +171,5 @@ class Learner:
     def load_checkpoint(self, directory: str, step: int) -> None:
         """Continue from the policy part `directory` of the checkpoint of `step`: weights, optimizer, schedule and
         step counters."""
-        checkpoint.load_model(directory, self.model)
-        self.trainer.load_state_dict(checkpoint.load_trainer_state(directory))
+        self.trainer.load(directory)
         self.updates = step

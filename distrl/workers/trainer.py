@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -23,8 +22,8 @@ from distrl.config import LearnerConfig
 from distrl.merging import Figure, Figures, Merge, merge, over_steps
 from distrl.types import TrainBatch
 from distrl.workers import dist
-from distrl.workers.model import DTYPES
 from distrl.workers.optim import build_optimizer
+from distrl.workers.strategy import Replicated
 
 
 @dataclass(frozen=True)
@@ -46,15 +45,17 @@ class NonFiniteError(RuntimeError):
 
 class Trainer:
     """`model` trained by AdamW under `cfg`'s schedule; `update(batch, objective)` runs `cfg.ppo_epochs` passes of one
-    optimizer step per mini-batch. `role` names the trained model in errors ("learner", "critic")."""
+    optimizer step per mini-batch. `strategy` (built the model and) says how the learners share it; `role` names
+    the trained model in figures and errors ("learner", "critic")."""
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, total_optimizer_steps: int, device: str,
-                 global_mini_batch_size: int, role: str = "learner"):
+                 global_mini_batch_size: int, strategy: Replicated, role: str = "learner"):
         self.model, self.cfg, self.device, self.role = model, cfg, device, role
+        self.strategy = strategy
         self.global_mini_batch_size = global_mini_batch_size
-        # Master weights and optimizer state stay float32; a lower cfg.dtype is the autocast compute dtype (pure
-        # bf16 weights would round most Adam updates of size ~lr away).
-        self.autocast = torch.autocast(device, dtype=DTYPES[cfg.dtype], enabled=cfg.dtype != "float32")
+        # Master weights and optimizer state stay float32; a lower cfg.dtype is the compute dtype (pure bf16
+        # weights would round most Adam updates of size ~lr away).
+        self.autocast = strategy.autocast()
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]
             model.config.use_cache = False  # type: ignore[union-attr]
@@ -108,14 +109,13 @@ class Trainer:
             parts.append(figs)
             part_tokens.append(float(micro.response_mask.sum()))
         figs = merge(parts, part_tokens)
-        dist.all_reduce_grads_(self.params)
+        self.strategy.reduce_grads(self.params)
         sums = [key for key, fig in figs.items() if fig.merge is Merge.SUM]
         reduced = dist.all_reduce_(torch.tensor([nonfinite_loss, *(figs[k].value for k in sums)],
                                                 dtype=torch.float64, device=self.device)).tolist()
         # Summed over the group, a loss term is the step's own figure, the same on every learner.
         figs.update({key: Figure(value, Merge.MEAN) for key, value in zip(sums, reduced[1:], strict=True)})
-        max_norm = self.cfg.max_grad_norm or math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        grad_norm = self.strategy.clip(self.params, self.cfg.max_grad_norm)
         if reduced[0] > 0 or not math.isfinite(grad_norm):
             self._skip(grad_norm)
         else:
@@ -138,14 +138,16 @@ class Trainer:
             )
 
     # -------------------------------------------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint needs besides the weights: optimizer and schedule state, step counters."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps,
-                "consecutive_nonfinite": self.consecutive_nonfinite}
+    def save(self, directory: str, hf_model: bool) -> None:
+        """Write this trainer's part of a checkpoint to `directory` (`Replicated.save` / `Sharded.save`): weights
+        (in HF format with `hf_model`), optimizer, schedule and step counters. Every learner calls it."""
+        state = {"scheduler": self.scheduler.state_dict(), "optimizer_steps": self.optimizer_steps,
+                 "skipped_steps": self.skipped_steps, "consecutive_nonfinite": self.consecutive_nonfinite}
+        self.strategy.save(directory, self.model, self.optimizer, state, hf_model)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+    def load(self, directory: str) -> None:
+        """Continue from the part `save` wrote in `directory`. Every learner calls it."""
+        state = self.strategy.load(directory, self.model, self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps, self.skipped_steps = state["optimizer_steps"], state["skipped_steps"]
         self.consecutive_nonfinite = state["consecutive_nonfinite"]

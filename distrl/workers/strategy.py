@@ -1,0 +1,131 @@
+"""How the learners hold a trained model: `Replicated` (a full copy each) or `Sharded` (FSDP2). Plain classes, no Ray.
+
+The training core, the weight export and the checkpoints ask the strategy for what differs:
+
+    build        the float32 master model on this learner (sharded: on the meta device, then only its slices)
+    autocast     the compute-dtype context (sharded: FSDP's mixed-precision policy casts instead)
+    reduce_grads sum the gradients over the learners (sharded: FSDP's reduce-scatter already did, summing)
+    clip         the global gradient norm, clipped
+    bucket       one export bucket's full tensors on learner 0 (sharded: gathered, every learner taking part)
+    save / load  a trainer's part of a checkpoint (sharded: every learner writes its shards)
+
+Every method of `Sharded` that touches parameters is a collective: every learner calls it, in the same order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distrl import checkpoint
+from distrl.config import FSDPStrategy, LearnerConfig, ModelConfig
+from distrl.workers import dist, export, sharding
+from distrl.workers.model import DTYPES, load_causal_lm, resolve_model_path
+
+SHARDS = "shards"
+"""The subdirectory of a sharded trainer's part that holds the model and optimizer shards (`sharding.save`)."""
+
+
+class Replicated:
+    """Every learner holds the whole model and optimizer; gradients are all-reduced (summed)."""
+
+    sharded = False
+
+    def __init__(self, cfg: LearnerConfig, device: str):
+        self.cfg, self.device = cfg, device
+
+    def build(self, model_cfg: ModelConfig, path: str | None = None) -> torch.nn.Module:
+        return load_causal_lm(model_cfg, "float32", path=path, device=self.device)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        dtype = DTYPES[self.cfg.dtype]
+        return torch.autocast(self.device, dtype=dtype, enabled=dtype != torch.float32)
+
+    def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        dist.all_reduce_grads_(params)
+
+    def clip(self, params: list[torch.nn.Parameter], max_norm: float | None) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm or math.inf))
+
+    def bucket(self, model: torch.nn.Module, spec: export.Spec, dtype: str,
+               device: str = "cpu") -> dict[str, torch.Tensor]:
+        """The bucket's full tensors in `dtype` on `device` on learner 0 (empty on the others)."""
+        return export.bucket(model, spec, dtype, device) if dist.rank() == 0 else {}
+
+    def save(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+             hf_model: bool) -> None:
+        """Write a trainer's part of a checkpoint to `directory`: the model (in HF format under model/ with
+        `hf_model`, else among the tensors), the optimizer's state and `state` (schedule, counters). Learner 0 writes
+        a replica's."""
+        if dist.rank() == 0:
+            full = {**state, "optimizer": optimizer.state_dict(), **({} if hf_model else {"model": model.state_dict()})}
+            checkpoint.write_trainer(directory, model if hf_model else None, full)
+
+    def load(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Load what `save` wrote into `model` and `optimizer`; returns the rest of the state."""
+        state = checkpoint.load_trainer_state(directory)
+        if "model" in state:
+            model.load_state_dict(state.pop("model"))
+        else:
+            checkpoint.load_model(directory, model)
+        optimizer.load_state_dict(state.pop("optimizer"))
+        return state
+
+
+class Sharded(Replicated):
+    """FSDP2 over the learners' process group: parameters, gradients and AdamW state sharded (see
+    `distrl.workers.sharding`)."""
+
+    sharded = True
+
+    def __init__(self, cfg: LearnerConfig, device: str):
+        super().__init__(cfg, device)
+        assert isinstance(cfg.strategy, FSDPStrategy)
+        self.cpu_offload = cfg.strategy.cpu_offload
+
+    def build(self, model_cfg: ModelConfig, path: str | None = None) -> torch.nn.Module:
+        if not torch.distributed.is_initialized():
+            raise RuntimeError("learner.strategy 'fsdp': the learners' process group must be joined (connect) "
+                               "before the model is built")
+        return sharding.load_sharded_causal_lm(resolve_model_path(model_cfg, path), sharding.learner_mesh(self.device),
+                                               compute_dtype=DTYPES[self.cfg.dtype], cpu_offload=self.cpu_offload,
+                                               trust_remote_code=model_cfg.trust_remote_code)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # FSDP's MixedPrecisionPolicy gathers parameters in the compute dtype
+
+    def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        pass  # each backward reduce-scattered (summed) its gradients into the shards
+
+    def clip(self, params: list[torch.nn.Parameter], max_norm: float | None) -> float:
+        return float(sharding.clip_grad_norm_(params, max_norm or math.inf))
+
+    def bucket(self, model: torch.nn.Module, spec: export.Spec, dtype: str,
+               device: str = "cpu") -> dict[str, torch.Tensor]:
+        gathered = sharding.gather_bucket(model, spec, DTYPES[dtype]) or {}
+        return {name: tensor.to(device) for name, tensor in gathered.items()}
+
+    def save(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+             hf_model: bool) -> None:
+        """Every learner writes its shards of the model and optimizer to `directory`/shards; learner 0 writes
+        `state` and, with `hf_model`, the model gathered in HF format (model/), bucket by bucket."""
+        sharding.save(Path(directory) / SHARDS, model, optimizer)
+        if hf_model:
+            sharding.save_hf(model, Path(directory) / "model")
+        if dist.rank() == 0:
+            checkpoint.write_trainer(directory, None, state)
+        torch.distributed.barrier()
+
+    def load(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        state = checkpoint.load_trainer_state(directory)
+        sharding.load(Path(directory) / SHARDS, model, optimizer)
+        return state
+
+
+def make_strategy(cfg: LearnerConfig, device: str) -> Replicated:
+    """The strategy `learner.strategy` names."""
+    return Sharded(cfg, device) if isinstance(cfg.strategy, FSDPStrategy) else Replicated(cfg, device)

@@ -1,0 +1,72 @@
+"""`learner.strategy: fsdp` through the `Learner` itself: two learners in a real gloo group on the CPU (spawned by
+`tests.test_sharding._spawn`) score, update, export and checkpoint a sharded policy, and agree with one replicated
+learner on the whole batch: the same losses, the same weights, and a checkpoint a replicated learner loads."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from test_learner import batch, make_learner, update
+from test_sharding import _spawn
+
+from distrl import checkpoint
+from distrl.config import FSDPStrategy
+from distrl.merging import values
+
+UPDATES = 2
+SETTINGS = {"lr": 1e-3, "micro_batch_size": 2}
+
+
+def full_weights(learner) -> dict[str, torch.Tensor]:
+    (everything,) = learner.weight_specs(2**40, "float32")
+    return learner.weight_bucket(everything, "float32")  # every learner takes part; learner 0's holds them
+
+
+def scenario(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
+    learner = make_learner(model_dir, strategy=FSDPStrategy(), **SETTINGS)
+    learner.connect("127.0.0.1", port, rank, world)
+    shard = batch().shard(world, 8)[rank]
+    losses = []
+    for _ in range(UPDATES):
+        scored = replace(shard, old_logprobs=learner.logprobs(shard.sequences))
+        losses.append(values(learner.update(scored))["loss/policy"])
+    learner.save_checkpoint(str(out / "step_000002.tmp" / "policy"))
+    return {"losses": torch.tensor(losses), **full_weights(learner)}
+
+
+@pytest.fixture(scope="module")
+def two_sharded(tiny_model_dir, tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("learner_fsdp")
+    tmp = checkpoint.begin(out / "step_000002")  # as the driver does before asking the learners
+    result = _spawn("test_learner_fsdp:scenario", tiny_model_dir, out)
+    return result, checkpoint.finish(tmp, {"step": 2}, ("policy",))
+
+
+def test_two_sharded_learners_train_as_one_replicated_learner(two_sharded, tiny_model_dir):
+    result, _ = two_sharded
+    single = make_learner(tiny_model_dir, **SETTINGS)
+    data = batch()
+    losses = [update(single, replace(data, old_logprobs=single.logprobs(data.sequences)))["loss/policy"]
+              for _ in range(UPDATES)]
+    torch.testing.assert_close(result.pop("losses"), torch.tensor(losses), rtol=1e-5, atol=1e-7)
+    weights = full_weights(single)
+    assert result.keys() == weights.keys()
+    for name, w in weights.items():  # AdamW divides by a running RMS: rounding shows at the scale of lr
+        torch.testing.assert_close(result[name], w, rtol=0, atol=3e-5, msg=name)
+
+
+def test_a_sharded_checkpoint_holds_an_hf_policy_and_no_pickle_and_loads_into_a_replica(two_sharded,
+                                                                                        tiny_model_dir):
+    result, path = two_sharded
+    assert checkpoint.problem(path) is None
+    files = sorted(f.relative_to(path).as_posix() for f in path.rglob("*") if f.is_file())
+    assert any(f.startswith("policy/shards/") for f in files) and "policy/model/config.json" in files
+    assert all(f.endswith((".safetensors", ".json")) for f in files), files
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path / "policy" / "model")
+    for name, tensor in hf.state_dict().items():
+        torch.testing.assert_close(tensor, result[name], rtol=0, atol=0, msg=name)
