@@ -25,6 +25,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "CorrectionConfig",
+    "CriticConfig",
     "DataConfig",
     "DynamicSamplingConfig",
     "KLConfig",
@@ -179,6 +180,20 @@ class LearnerConfig(Section):
     """Optimizer steps with a non-finite loss or grad norm are skipped; this many in a row stop the run."""
 
 
+# ---------------------------------------------------------------------------------------------------------- critic
+class CriticConfig(LearnerConfig):
+    """The value model of `algorithm.advantage: gae`, trained on the same batches as the policy with the clipped
+    value loss. Its optimisation settings are the learner's (same fields, same meaning, its own values)."""
+
+    path: str | None = None
+    """Value model: null = the policy's model (`model.path`) with a fresh scalar value head, initialised from
+    `run.seed`; a path loads that HF directory as a token-classification model with one label (e.g. a trained
+    reward or value model; its tokenizer must be the policy's)."""
+    value_clip: float | None = Field(default=0.2, gt=0.0)
+    """Clip range of the value loss: the new value may move at most this far from the value computed before the
+    update (torchtune PPOLoss value_clip_range, verl cliprange_value); null: the plain squared error."""
+
+
 # ---------------------------------------------------------------------------------------------------- algo & loss
 class AlgorithmConfig(Section):
     model_config = ConfigDict(validate_by_name=True)  # `lambda` in YAML and --set, `lam` in Python
@@ -188,9 +203,10 @@ class AlgorithmConfig(Section):
     eps: float = Field(default=1e-6, gt=0.0)
     """Added to the standard deviation before dividing (grpo, whitening, reinforce_pp*)."""
     whitening: bool = False
-    """Whiten the sequence advantages over the whole step batch after the estimator: subtract the batch mean,
-    divide by the batch std (+ eps). reinforce_pp and reinforce_pp_baseline always whiten; dr_grpo with
-    whitening is reinforce_pp_baseline."""
+    """Whiten the advantages over the whole step batch after the estimator: divide by the batch std (+ eps); the
+    group estimators' batch mean is 0 already, GAE's token advantages have theirs removed first (as verl and
+    OpenRLHF do; the returns the critic learns are not whitened). reinforce_pp and reinforce_pp_baseline always
+    whiten; dr_grpo with whitening is reinforce_pp_baseline."""
     gamma: float = Field(default=1.0, ge=0.0, le=1.0)
     """Discount over response tokens (token-level returns, GAE)."""
     lam: float = Field(default=0.95, ge=0.0, le=1.0, alias="lambda")
@@ -207,9 +223,6 @@ class AlgorithmConfig(Section):
         if self.whitening and self.advantage.startswith("reinforce_pp"):
             raise ValueError(f"algorithm.whitening is redundant with algorithm.advantage '{self.advantage}', which "
                              f"always whitens over the batch; leave whitening false")
-        if self.whitening and self.advantage == "gae":
-            raise ValueError("algorithm.whitening applies to the sequence-level estimators, not "
-                             "algorithm.advantage 'gae'")
         return self
 
 
@@ -346,6 +359,8 @@ class ClusterConfig(Section):
     """Learner actors (data-parallel)."""
     reference: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0.5))
     """Reference actors."""
+    critic: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1.0))
+    """Critic actors (data-parallel like the learners; only with a `critic` section)."""
     colocate: bool = False
     """Pack all roles into one placement group (PACK over the whole job) instead of one group per role."""
     weight_sync: Literal["auto", "object_store", "nccl"] = "auto"
@@ -452,6 +467,8 @@ class Config(Section):
     """Reference model for the KL term."""
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     """Optimisation."""
+    critic: CriticConfig | None = None
+    """Value model for `algorithm.advantage: gae` (needed by it, and only by it)."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     """Advantage estimation and the source of old log-probs."""
     loss: LossConfig = Field(default_factory=LossConfig)
@@ -513,9 +530,7 @@ class Config(Section):
         if adv in GROUP_ESTIMATORS and g < 2:
             errors.append(f"algorithm.advantage '{adv}' compares samples within a group and needs "
                           f"rollout.n_samples_per_prompt >= 2 (got {g})")
-        if adv == "gae":
-            errors.append("algorithm.advantage 'gae' needs a value model (critic), which distrl's driver does not "
-                          "train yet; use grpo, dr_grpo, rloo, reinforce_pp or reinforce_pp_baseline")
+        errors += self._critic_problems()
         batch, mini = self.global_batch_size, self.mini_batch_size
         learners, micro = self.cluster.learner.num_actors, self.learner.micro_batch_size
         if batch % mini:
@@ -558,12 +573,44 @@ class Config(Section):
             raise ValueError("\n".join(errors))
         return self
 
+    @property
+    def critic_mini_batch_size(self) -> int:
+        """Sequences per critic optimizer step (the whole batch when `critic.mini_batch_size` is null)."""
+        return (self.critic.mini_batch_size if self.critic else None) or self.global_batch_size
+
+    def _critic_problems(self) -> list[str]:
+        """GAE and the critic come together; the critic's batch arithmetic is the learner's."""
+        gae = self.algorithm.advantage == "gae"
+        if gae and self.critic is None:
+            return ["algorithm.advantage 'gae' needs a value model: add a `critic` section (critic.path null trains "
+                    "the policy's model with a scalar value head)"]
+        if self.critic is None:
+            return []
+        if not gae:
+            return [f"a `critic` section is only used by algorithm.advantage 'gae' (got "
+                    f"'{self.algorithm.advantage}'): remove the critic or set algorithm.advantage: gae"]
+        errors = []
+        batch, mini = self.global_batch_size, self.critic_mini_batch_size
+        critics, micro = self.cluster.critic.num_actors, self.critic.micro_batch_size
+        if batch % mini:
+            errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
+                          f"critic.mini_batch_size ({mini})")
+        if mini % (critics * micro):
+            errors.append(f"critic.mini_batch_size ({mini}) must be divisible by cluster.critic.num_actors "
+                          f"({critics}) x critic.micro_batch_size ({micro})")
+        if self.cluster.backend == "local" and critics > 1:
+            errors.append(f"cluster.backend 'local' runs one critic in the driver's process; "
+                          f"cluster.critic.num_actors is {critics}")
+        return errors
+
     def unplaceable(self, have: float, what: str, resource: str) -> str | None:
         """Why the roles' `resource` (num_cpus or num_gpus) cannot fit in the `have` of one node (`what` names
         where that figure comes from), or None. A reward task needs reward.num_cpus besides the actors."""
         roles = [("rollout", self.cluster.rollout), ("learner", self.cluster.learner)]
         if self.needs_reference:
             roles.append(("reference", self.cluster.reference))
+        if self.critic is not None:
+            roles.append(("critic", self.cluster.critic))
         reward = self.reward.num_cpus if resource == "num_cpus" else 0.0
         demand = sum(r.num_actors * getattr(r, resource) for _, r in roles) + reward
         if demand <= have + 1e-9:
