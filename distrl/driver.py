@@ -386,17 +386,21 @@ def save_checkpoint(job: Job) -> Path:
 
 
 def check_shared_run_dir(run: RunDir, roles: Roles) -> None:
-    """Learner 0 writes the checkpoints on its node and the driver resumes from them: refuse to train unless it sees
-    the run directory the driver made (its config.yaml, byte for byte)."""
+    """Learner 0 (and critic 0) write the checkpoints on their nodes and the driver resumes from them: refuse to
+    train unless each sees the run directory the driver made (its config.yaml, byte for byte)."""
     config = run.path / "config.yaml"
-    seen = roles.backend.answer(roles.learner.call(0, Learner.seen_digest, str(config)),
-                                f"{roles.learner.name(0)}'s read of {config}", run.cfg.cluster.call_timeout_s)
-    if seen != checkpoint.seen_digest(config):
-        raise preflight.PreflightError([
-            f"run.output_dir: learner 0 does not see the run directory {run.path} that the driver made (its "
-            f"config.yaml is {'missing' if seen is None else 'different'} on learner 0's node), so the driver could "
-            f"not resume from the checkpoints learner 0 writes. Put run.output_dir on storage that the driver and "
-            f"every learner mount at the same path (NFS, a Kubernetes PVC: see deploy/)"])
+    writers: list[tuple[str, ActorGroup, Any]] = [("learner", roles.learner, Learner.seen_digest)]
+    if roles.critic is not None:
+        writers.append(("critic", roles.critic, Critic.seen_digest))
+    for who, group, seen_digest in ((f"{role} 0", g, f) for role, g, f in writers):
+        seen = roles.backend.answer(group.call(0, seen_digest, str(config)), f"{group.name(0)}'s read of {config}",
+                                    run.cfg.cluster.call_timeout_s)
+        if seen != checkpoint.seen_digest(config):
+            raise preflight.PreflightError([
+                f"run.output_dir: {who} does not see the run directory {run.path} that the driver made (its "
+                f"config.yaml is {'missing' if seen is None else 'different'} on {who}'s node), so the driver "
+                f"could not resume from the checkpoints {who} writes. Put run.output_dir on storage that the driver "
+                f"and every learner and critic mount at the same path (NFS, a Kubernetes PVC: see deploy/)"])
 
 
 def resume_point(run: RunDir) -> Path | None:

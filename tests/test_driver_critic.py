@@ -21,13 +21,16 @@ def gae_config(tmp_path: Path, model_dir: Path, *overrides: str) -> config.Confi
 
 
 def test_ppo_with_gae_learns_the_quickstart_task(tmp_path, tiny_model_dir):
-    cfg = gae_config(tmp_path, tiny_model_dir, "run.steps=12")
+    # 10 steps of 8 prompts x 4 samples of up to 8 tokens: measured 0.301 -> 0.358 (first 3 -> last 3 steps).
+    cfg = gae_config(tmp_path, tiny_model_dir, "run.steps=10", "rollout.n_samples_per_prompt=4",
+                     "rollout.sampling.max_new_tokens=8")
     history = train(cfg, rollout_worker=HFRolloutWorker)
     rewards = [h["reward/mean"] for h in history]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.03, rewards
+    assert [h["critic/optimizer_steps"] for h in history] == list(range(1, 11))
     for h in history:
         assert all(math.isfinite(h[k]) for k in CRITIC_FIGURES), h
-        assert h["critic/optimizer_steps"] == h["step"] and h["critic/skipped_steps"] == 0
+        assert h["critic/skipped_steps"] == 0
     # The critic learns the returns: its loss falls from the fresh head's.
     assert history[-1]["critic/value_loss"] < history[0]["critic/value_loss"]
     final = checkpoint.latest(Path(cfg.run.output_dir) / cfg.run.name)
@@ -36,7 +39,7 @@ def test_ppo_with_gae_learns_the_quickstart_task(tmp_path, tiny_model_dir):
 
 
 SMALL = ("rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "rollout.sampling.max_new_tokens=6",
-         "critic.ppo_epochs=2", "critic.mini_batch_size=8", "critic.micro_batch_size=8")
+         "learner.micro_batch_size=16", "critic.ppo_epochs=2", "critic.mini_batch_size=8", "critic.micro_batch_size=8")
 
 
 def test_async_ppo_with_gae_trains_the_critic_beside_the_policy(tmp_path, tiny_model_dir):
@@ -58,7 +61,7 @@ def test_a_resumed_run_continues_with_its_critic(tmp_path, tiny_model_dir):
     train(gae_config(tmp_path / "cut", tiny_model_dir, *common, "run.steps=2"), rollout_worker=HFRolloutWorker)
     resumed = train(gae_config(tmp_path / "cut", tiny_model_dir, *common, "run.steps=3", "run.resume=true",
                                "run.overwrite=false"), rollout_worker=HFRolloutWorker)
-    assert [h["step"] for h in resumed] == [3]
+    assert len(resumed) == 1 and resumed[0]["policy_version"] == whole[-1]["policy_version"] == 2
     assert resumed[0]["critic/optimizer_steps"] == whole[-1]["critic/optimizer_steps"] == 12
     # The resumed critic is the uninterrupted one (weights and Adam state): the same values and the same update.
     for key in ("critic/explained_variance", "critic/returns_mean", "critic/value_loss", "critic/grad_norm"):

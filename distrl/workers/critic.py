@@ -113,6 +113,10 @@ class Critic:
         if dist.rank() == 0:
             checkpoint.write_trainer(directory, self.model, self.trainer.state_dict())
 
+    def seen_digest(self, path: str) -> str | None:
+        """`checkpoint.seen_digest` on this critic's node, where its checkpoint parts are written."""
+        return checkpoint.seen_digest(path)
+
     def load_checkpoint(self, directory: str) -> None:
         """Continue from the critic part `directory` of a checkpoint: weights, optimizer, schedule and counters."""
         checkpoint.load_model(directory, self.model)

@@ -10,8 +10,8 @@ import sys
 from .conftest import ROOT, cli_env
 
 SMALL = ("rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "rollout.sampling.max_new_tokens=8",
-         "run.checkpoint_every=2", "run.progress=false", "critic.ppo_epochs=2", "critic.mini_batch_size=8",
-         "critic.micro_batch_size=8")
+         "learner.micro_batch_size=16", "run.checkpoint_every=2", "run.progress=false", "critic.ppo_epochs=2",
+         "critic.mini_batch_size=8", "critic.micro_batch_size=8")
 
 
 def run(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
