@@ -119,3 +119,18 @@ def test_checkpoint_part_resumes_exactly(tiny_model_dir, tmp_path: Path):
     assert a["critic/value_loss"] == pytest.approx(b["critic/value_loss"], rel=1e-6)
     for (name, p), q in zip(first.model.named_parameters(), second.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+
+
+def test_in_the_synchronous_loop_the_critic_shares_the_cores_with_the_learner_and_reference(monkeypatch):
+    from distrl import config
+    from distrl.cluster.roles import role_threads
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    c = config.from_dict({"model": {"path": "m"}, "data": {"path": "d"}, "loss": {"kl": {"coef": 0.01}},
+                          "algorithm": {"advantage": "gae"}, "critic": {},
+                          "cluster": {"num_cpus": 6, "rollout": {"num_actors": 2, "num_cpus": 1.0},
+                                      "learner": {"num_cpus": 1.0}, "reference": {"num_cpus": 0.5},
+                                      "critic": {"num_cpus": 0.5}}})
+    # The critic scores its values beside the reference (and the learner), and updates beside the learner: the
+    # three take turns with the engines, so they split the 6 cores among their 3 actors; the 2 engines take 3 each.
+    assert [role_threads(role, c) for role in ("rollout", "reference", "learner", "critic")] == [3, 2, 2, 2]
