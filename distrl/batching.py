@@ -1,17 +1,26 @@
 """From `Rollouts` to padded `Sequences`, and from rewards to advantages. Pure torch, no Ray.
 
-Advantages follow the configured estimator on the sequence scores. With `loss.kl.target: reward` the per-token
-penalty `coef * kl_t`, kl_t estimated from the old policy's log-probs against the reference's, is subtracted from
-the token rewards, whose sum is the score the estimator normalises (verl's `apply_kl_penalty` followed by its
-outcome-reward estimators). The old log-probs are the learner's (or vLLM's in bypass mode), never vLLM's alongside
-the learner's: mixing the engine's precision into kl_t would add the rollout/trainer mismatch to the penalty.
+Advantages follow the configured estimator on the sequence scores, or GAE on token rewards and the critic's
+values. With `loss.kl.target: reward` the per-token penalty `coef * kl_t`, kl_t estimated from the old policy's
+log-probs against the reference's, is subtracted from the token rewards, whose sum is the score a group estimator
+normalises and which GAE takes token by token (verl's `apply_kl_penalty` followed by its estimators). The old
+log-probs are the learner's (or vLLM's in bypass mode), never vLLM's alongside the learner's: mixing the engine's
+precision into kl_t would add the rollout/trainer mismatch to the penalty.
 """
 
 from __future__ import annotations
 
 import torch
 
-from distrl.algo import group_advantages, kl_estimate, token_advantages
+from distrl.algo import (
+    explained_variance,
+    gae,
+    group_advantages,
+    kl_estimate,
+    masked_mean,
+    token_advantages,
+    whiten_tokens,
+)
 from distrl.config import AlgorithmConfig, KLConfig
 from distrl.types import Rollouts, Sequences
 
@@ -38,22 +47,62 @@ def pad(rollouts: Rollouts, pad_id: int) -> Sequences:
                      policy_version=torch.tensor(rollouts.policy_version, dtype=torch.long))
 
 
+def kl_penalty(response_mask: torch.Tensor, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,
+               kl: KLConfig) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The per-token penalty `coef * kl_t` `[B, T]` (0 on padding) of `loss.kl.target: reward`, with its metric;
+    None when the KL is not in the reward."""
+    if not (kl.target == "reward" and kl.coef > 0):
+        return None, {}
+    if ref_logprobs is None or old_logprobs is None:
+        raise ValueError("loss.kl.target 'reward' needs the old and reference log-probs before advantages")
+    penalty = kl_estimate(old_logprobs, ref_logprobs, kl.estimator) * response_mask
+    return kl.coef * penalty, {"kl/in_reward": float(penalty.sum() / response_mask.sum().clamp(min=1))}
+
+
 def advantages(rewards: torch.Tensor, response_mask: torch.Tensor, old_logprobs: torch.Tensor | None,
                ref_logprobs: torch.Tensor | None, group_size: int, algo: AlgorithmConfig, kl: KLConfig,
                ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token advantages `[B, T]` from sequence rewards `[B]` (and, for KL in the reward, the old and reference
-    log-probs `[B, T]`); returns them with advantage / KL-penalty metrics."""
-    metrics: dict[str, float] = {}
+    log-probs `[B, T]`) by a group estimator; returns them with advantage / KL-penalty metrics."""
     scores = rewards.to(torch.float32)
-    if kl.target == "reward" and kl.coef > 0:
-        if ref_logprobs is None or old_logprobs is None:
-            raise ValueError("loss.kl.target 'reward' needs the old and reference log-probs before advantages")
-        penalty = kl_estimate(old_logprobs, ref_logprobs, kl.estimator) * response_mask
-        scores = scores - kl.coef * penalty.sum(-1)
-        metrics["kl/in_reward"] = float(penalty.sum() / response_mask.sum().clamp(min=1))
+    penalty, metrics = kl_penalty(response_mask, old_logprobs, ref_logprobs, kl)
+    if penalty is not None:
+        scores = scores - penalty.sum(-1)
     seq_adv = group_advantages(scores, group_size, algo.advantage, eps=algo.eps, whiten=algo.whitening)
     adv = token_advantages(seq_adv, response_mask, gamma=algo.gamma)
-    valid = response_mask.bool()
-    metrics.update({"advantage/mean": float(adv[valid].mean()) if valid.any() else 0.0,
-                    "advantage/std": float(adv[valid].std()) if valid.sum() > 1 else 0.0})
+    metrics.update(advantage_metrics(adv, response_mask))
     return adv, metrics
+
+
+def gae_advantages(rewards: torch.Tensor, response_mask: torch.Tensor, values: torch.Tensor,
+                   old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, algo: AlgorithmConfig,
+                   kl: KLConfig) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Token advantages and returns `[B, T]` by GAE from sequence rewards `[B]` and the critic's values `[B, T]`.
+
+    The token rewards are the sequence's score on its last response token, minus `coef * kl_t` on every token with
+    `loss.kl.target: reward` (verl's `apply_kl_penalty`, Ouyang et al. 2022). With `algorithm.whitening` the
+    advantages are whitened over the batch's tokens (verl's `masked_whiten`); the returns, the critic's targets,
+    never are. Metrics: advantage mean / std, `critic/explained_variance` of the values for the returns,
+    `critic/returns_mean`, and the KL penalty's.
+    """
+    valid = response_mask.bool()
+    t = valid.shape[-1]
+    last = torch.where(valid, torch.arange(t), 0).amax(-1, keepdim=True)  # last valid index (0 for an empty row)
+    scores = torch.where(valid.any(-1), rewards.to(torch.float32), 0.0).unsqueeze(-1)
+    token_rewards = torch.zeros(valid.shape).scatter_add(-1, last, scores)
+    penalty, metrics = kl_penalty(response_mask, old_logprobs, ref_logprobs, kl)
+    if penalty is not None:
+        token_rewards = token_rewards - penalty
+    adv, returns = gae(token_rewards, values, response_mask, gamma=algo.gamma, lam=algo.lam)
+    if algo.whitening:
+        adv = whiten_tokens(adv, response_mask, algo.eps)
+    metrics.update(advantage_metrics(adv, response_mask))
+    metrics["critic/explained_variance"] = float(explained_variance(values, returns, response_mask))
+    metrics["critic/returns_mean"] = float(masked_mean(returns, response_mask))
+    return adv, returns, metrics
+
+
+def advantage_metrics(adv: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+    valid = response_mask.bool()
+    return {"advantage/mean": float(adv[valid].mean()) if valid.any() else 0.0,
+            "advantage/std": float(adv[valid].std()) if valid.sum() > 1 else 0.0}

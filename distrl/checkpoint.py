@@ -192,7 +192,8 @@ def load_model(directory: str | Path, model) -> None:
         state.update(load_file(shard))
     missing, unexpected = model.load_state_dict(state, strict=False)
     # save_pretrained leaves out lm_head only when it *is* the embedding matrix; anything else missing is an error.
-    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    output = model.get_output_embeddings()  # None for a value model (its head is not an LM head)
+    tied = output is not None and output.weight is model.get_input_embeddings().weight
     missing = [k for k in missing if not (tied and k.startswith("lm_head."))]
     if unexpected or missing:
         raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(missing)}, "

@@ -16,19 +16,20 @@ them. A row's `time/*` figures are what the driver waited for since the previous
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from distrl.batching import pad
 from distrl.cluster.producer import BatchStats
 from distrl.cluster.weight_sync import PendingSync
 from distrl.driver import (
     Job,
+    Updating,
     complete_batch,
     end_step,
     finish_update,
     start_old_logprobs,
     start_reference,
     start_update,
+    start_values,
 )
 from distrl.types import ScoredRollouts, TrainBatch
 
@@ -38,7 +39,7 @@ class InFlight:
     """An update the learners are running, with what its row needs."""
 
     step: int
-    handles: list[Any]
+    handles: Updating
     batch: TrainBatch
     scored: ScoredRollouts
     produced: BatchStats
@@ -56,7 +57,8 @@ def train_async(job: Job, steps) -> None:
         ref = start_reference(job, sequences)  # while the learners are still on the previous batch
         if update is not None:
             push = finish(job, update, push)
-        batch, metrics = complete_batch(job, scored, sequences, ref, start_old_logprobs(job, sequences), step)
+        batch, metrics = complete_batch(job, scored, sequences, ref, start_old_logprobs(job, sequences),
+                                        start_values(job, sequences), step)
         update = InFlight(step, start_update(job, batch), batch, scored, produced, metrics)
     if update is not None:
         push = finish(job, update, push)

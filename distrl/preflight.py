@@ -83,6 +83,8 @@ def _model(cfg: Config, problems: list[str]):
                 _context(cfg, limit, key, problems)
     if cfg.needs_reference and cfg.reference.path:
         _hf_config(cfg.reference.path, "reference.path", m.trust_remote_code, problems)
+    if cfg.critic is not None and cfg.critic.path:
+        _hf_config(cfg.critic.path, "critic.path", m.trust_remote_code, problems)
     return tokenizer
 
 

@@ -223,12 +223,17 @@ class TrainBatch:
                                 that takes them from its own forward pass (`Config.old_logprobs_in_update`)
     advantages    [B, T] float
     ref_logprobs  [B, T] float, or None when no KL term uses the reference model
+    old_values    [B, T] float  the critic's values before the update (GAE; the value loss clips around them), or
+                                None without a critic
+    returns       [B, T] float  GAE's returns, the critic's targets (None without a critic)
     """
 
     sequences: Sequences
     old_logprobs: torch.Tensor | None
     advantages: torch.Tensor
     ref_logprobs: torch.Tensor | None
+    old_values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -247,7 +252,9 @@ class TrainBatch:
 
     def validate(self) -> TrainBatch:
         expected = tuple(self.sequences.response_mask.shape)
-        for name in ("old_logprobs", "advantages", "ref_logprobs"):
+        if (self.old_values is None) != (self.returns is None):
+            raise ValueError("TrainBatch: old_values and returns come together (the critic's), or neither")
+        for name in ("old_logprobs", "advantages", "ref_logprobs", "old_values", "returns"):
             x = getattr(self, name)
             if x is not None and tuple(x.shape) != expected:
                 raise ValueError(f"TrainBatch.{name} is {tuple(x.shape)}, expected {expected}")
@@ -280,7 +287,7 @@ class TrainBatch:
 
     @staticmethod
     def concat(parts: list[TrainBatch]) -> TrainBatch:
-        """Stack shards along B; every part has old (reference) log-probs or none has."""
+        """Stack shards along B; every part has old (reference) log-probs, old values and returns, or none has."""
         if not parts:
             raise ValueError("TrainBatch.concat needs at least one part")
 
@@ -297,4 +304,6 @@ class TrainBatch:
             old_logprobs=stacked("old_logprobs"),
             advantages=torch.cat([p.advantages for p in parts]),
             ref_logprobs=stacked("ref_logprobs"),
+            old_values=stacked("old_values"),
+            returns=stacked("returns"),
         )

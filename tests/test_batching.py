@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from distrl.batching import advantages, pad
+from distrl.batching import advantages, gae_advantages, pad
 from distrl.config import AlgorithmConfig, KLInLoss, KLInReward
 from distrl.types import Rollouts, ScoredRollouts, Sequences, TrainBatch
 
@@ -74,6 +74,40 @@ def test_kl_in_reward_needs_reference_logprobs():
     with pytest.raises(ValueError, match="reference log-probs"):
         advantages(torch.zeros(4), s.response_mask, s.rollout_logprobs, None, 2, AlgorithmConfig(),
                    KLInReward(coef=0.1))
+
+
+def test_gae_takes_the_score_on_the_last_token_and_the_kl_on_every_token():
+    s = pad(rollouts(), PAD)  # response lengths 1, 3, 0, 2
+    old = s.rollout_logprobs - 0.5 * s.response_mask
+    ref = s.rollout_logprobs - 1.5 * s.response_mask  # k1 = old - ref = 1: penalty 0.1 on every response token
+    values = torch.where(s.response_mask.bool(), 0.5, 9.0)  # garbage on padding
+    # gamma = lam = 1: returns are the token rewards' sums to go, advantages returns - V.
+    # row 0: rewards [1 - 0.1] -> R [0.9], A [0.4]
+    # row 1: rewards [-0.1, -0.1, 0 - 0.1] -> R [-0.3, -0.2, -0.1], A [-0.8, -0.7, -0.6]
+    # row 2: empty -> 0;  row 3: rewards [-0.1, 2 - 0.1] -> R [1.8, 1.9], A [1.3, 1.4]
+    adv, ret, metrics = gae_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), s.response_mask, values, old, ref,
+                                       AlgorithmConfig(advantage="gae", gamma=1.0, lam=1.0),
+                                       KLInReward(coef=0.1, estimator="k1"))
+    assert ret.tolist() == [pytest.approx(r, abs=1e-6) for r in ([0.9, 0, 0], [-0.3, -0.2, -0.1], [0, 0, 0],
+                                                                  [1.8, 1.9, 0])]
+    assert adv.tolist() == [pytest.approx(a, abs=1e-6) for a in ([0.4, 0, 0], [-0.8, -0.7, -0.6], [0, 0, 0],
+                                                                  [1.3, 1.4, 0])]
+    # Constant values explain none of the returns' variance; returns' mean over the 6 tokens = 4.0 / 6.
+    assert metrics["critic/explained_variance"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["critic/returns_mean"] == pytest.approx(4.0 / 6)
+    assert metrics["kl/in_reward"] == pytest.approx(1.0)
+
+
+def test_gae_whitening_whitens_the_advantages_not_the_returns():
+    s = pad(rollouts(), PAD)
+    values = torch.where(s.response_mask.bool(), 0.5, 0.0)
+    algo = AlgorithmConfig(advantage="gae", gamma=1.0, lam=1.0, whitening=True)
+    adv, ret, _ = gae_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), s.response_mask, values, None, None, algo,
+                                 KLInLoss())
+    valid = s.response_mask.bool()
+    assert adv[valid].mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert adv[valid].std().item() == pytest.approx(1.0, abs=1e-4)
+    assert ret[0, 0].item() == pytest.approx(1.0) and ret[3].tolist() == pytest.approx([2.0, 2.0, 0.0])
 
 
 def test_shard_gives_each_learner_its_part_of_every_mini_batch():

@@ -70,7 +70,14 @@ BAD = [
     (["loop.max_staleness=2"], "loop.max_staleness"),
     (["algorithm.advantage=grpo", "rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt"),
     (["algorithm.advantage=rloo", "rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt"),
-    (["algorithm.advantage=gae"], "algorithm.advantage"),
+    (["algorithm.advantage=gae"], "critic"),
+    (["critic.lr=1e-5"], "algorithm.advantage"),
+    (["algorithm.advantage=gae", "critic.mini_batch_size=12"], "critic.mini_batch_size"),
+    (["algorithm.advantage=gae", "critic.micro_batch_size=3"], "critic.micro_batch_size"),
+    (["algorithm.advantage=gae", "critic.value_clip=0"], "critic.value_clip"),
+    (["algorithm.advantage=gae", "critic.typo=1"], "critic.typo"),
+    (["algorithm.advantage=gae", "critic.lr=1e-5", "cluster.backend=local", "cluster.critic.num_actors=2"],
+     "cluster.critic.num_actors"),
     (["algorithm.advantage=ppo"], "algorithm.advantage"),
     (["learner.mini_batch_size=12"], "learner.mini_batch_size"),
     (["learner.micro_batch_size=3"], "learner.micro_batch_size"),
@@ -127,6 +134,13 @@ def test_overrides_parse_yaml_values_and_create_sections(tmp_path):
                                                  "rollout.sampling.stop=[a, b]", "loss.policy.dual_clip=null"])
     assert cfg.loss.kl.coef == 0.05 and cfg.loss.correction.mode == "icepop"
     assert cfg.rollout.sampling.stop == ["a", "b"] and cfg.loss.policy.dual_clip is None
+
+
+def test_gae_with_a_critic_loads(tmp_path):
+    cfg = config.load(write(tmp_path, MINIMAL), ["algorithm.advantage=gae", "algorithm.whitening=true",
+                                                 "critic.lr=5e-5", "critic.mini_batch_size=16"])
+    assert cfg.critic is not None and cfg.critic.path is None and cfg.critic.value_clip == 0.2
+    assert cfg.critic.lr == 5e-5 and cfg.critic_mini_batch_size == 16 and cfg.mini_batch_size == 32
 
 
 def test_gae_lambda_is_spelled_lambda(tmp_path):

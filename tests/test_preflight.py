@@ -99,6 +99,8 @@ CASES = [
                    "rollout": {"sampling": {"max_new_tokens": 500}}},
      r"^rollout\.sampling\.max_new_tokens: .* 64 \+ 500 = 564 tokens, more than the model's context of 512 "
      r"\(max_position_embeddings of the tiny model"),
+    ("missing critic model", lambda t, m: {"algorithm": {"advantage": "gae"}, "critic": {"path": str(t / "none")}},
+     r"^critic\.path: .*/none"),
     ("missing data file", lambda t, m: {"data": {"path": str(t / "none.jsonl")}},
      r"^data\.path: .*/none\.jsonl does not exist$"),
     ("malformed jsonl line", lambda t, m: _bad_line(t), r"^data\.path: .*/bad\.jsonl:3: not valid JSON"),

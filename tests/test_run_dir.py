@@ -193,7 +193,7 @@ def test_training_needs_learner_0_to_see_the_drivers_run_directory(tmp_path, see
     digest = {"missing": None, "different": "0" * 64, "same": checkpoint.seen_digest(run.path / "config.yaml")}
     roles = SimpleNamespace(backend=SimpleNamespace(answer=lambda value, what, timeout_s: value),
                             learner=SimpleNamespace(call=lambda i, method, path: digest[seen],
-                                                    name=lambda i: "learner-0"))
+                                                    name=lambda i: "learner-0"), critic=None)
     if seen == "same":
         check_shared_run_dir(run, roles)
     else:

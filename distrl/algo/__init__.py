@@ -4,7 +4,7 @@ Imports torch and `distrl.config` section classes only: no I/O, no logging, no R
 `compute_loss` is the one composition point; everything else is a small function it (or the driver) calls.
 """
 
-from distrl.algo.advantages import gae, group_advantages, token_advantages
+from distrl.algo.advantages import gae, group_advantages, token_advantages, whiten_tokens
 from distrl.algo.correction import metrics_by_staleness, mismatch_metrics, rollout_correction, weight_metrics
 from distrl.algo.kl import kl_estimate
 from distrl.algo.logprobs import entropy_from_logits, token_logprobs
@@ -12,7 +12,7 @@ from distrl.algo.loss import LossInputs, LossOutput, compute_loss
 from distrl.algo.loss_reference import reference_loss
 from distrl.algo.masked import aggregate, masked_mean, masked_sum
 from distrl.algo.policy import clipped_surrogate, gspo_log_ratio, policy_term, ppo_log_ratio
-from distrl.algo.value import value_loss
+from distrl.algo.value import explained_variance, value_loss
 
 __all__ = [
     "LossInputs",
@@ -21,6 +21,7 @@ __all__ = [
     "clipped_surrogate",
     "compute_loss",
     "entropy_from_logits",
+    "explained_variance",
     "gae",
     "group_advantages",
     "gspo_log_ratio",
@@ -37,4 +38,5 @@ __all__ = [
     "token_logprobs",
     "value_loss",
     "weight_metrics",
+    "whiten_tokens",
 ]

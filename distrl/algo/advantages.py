@@ -121,3 +121,19 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         next_value = torch.where(valid[:, i], v[:, i], next_value)
         adv[:, i] = torch.where(valid[:, i], a, 0.0)
     return adv, torch.where(valid, adv + v, 0.0)
+
+
+@torch.no_grad()
+def whiten_tokens(advantages: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:
+    """(A - mean) / (std + eps) over the valid tokens of `advantages` `[B, T]` (unbiased std), 0 on padding.
+
+    GAE's token advantages are whitened over the batch as verl (`masked_whiten`) and OpenRLHF do; unlike the group
+    estimators' they have no mean 0 by construction, so the mean is removed. A single valid token gives 0.
+    """
+    valid = valid_of(mask)
+    x = advantages.to(torch.promote_types(advantages.dtype, torch.float32))
+    n = valid.sum()
+    mean = torch.where(valid, x, 0.0).sum() / n.clamp(min=1)
+    centred = torch.where(valid, x - mean, 0.0)
+    std = (centred.pow(2).sum() / (n - 1).clamp(min=1)).sqrt()
+    return torch.where(valid, centred / (std + eps), 0.0)

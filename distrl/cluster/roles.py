@@ -1,5 +1,6 @@
-"""Starting the job's actor groups from the config: rollout (vLLM), reference (only when a KL term needs it) and
-learners (data-parallel, joined in one torch.distributed group), plus the weight sync between them.
+"""Starting the job's actor groups from the config: rollout (vLLM), reference (only when a KL term needs it),
+learners (data-parallel, joined in one torch.distributed group) and critics (only for GAE; data-parallel in their
+own group), plus the weight sync between the learners and the engines.
 
 Resource arithmetic lives here so the driver reads like the algorithm.
 """
@@ -16,6 +17,7 @@ from distrl.cluster.backend import Backend
 from distrl.cluster.group import ActorGroup, RayGroup
 from distrl.cluster.weight_sync import WeightSync, make_weight_sync
 from distrl.config import Config, RoleResources
+from distrl.workers.critic import Critic
 from distrl.workers.learner import Learner
 from distrl.workers.reference import ReferenceWorker
 from distrl.workers.rollout import ENGINE_ENV, RolloutWorker
@@ -28,6 +30,7 @@ class Roles:
     learner: ActorGroup[Learner]
     reference: ActorGroup[ReferenceWorker] | None
     sync: WeightSync
+    critic: ActorGroup[Critic] | None = None
 
 
 def actor_env(role: str, cfg: Config, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -59,14 +62,24 @@ def role_threads(role: str, cfg: Config) -> int:
     if cfg.max_staleness > 0 or not embedded or c.backend == "local":
         return reserved
     cores = c.num_cpus or os.cpu_count() or 1
+    # Roles that score or train at the same time: the learners with the critics (values beside the old log-probs,
+    # updates side by side), and the reference with whichever of them score before the update.
+    together = ["learner", *(["critic"] if cfg.critic is not None else [])]
+    if cfg.needs_reference and (cfg.critic is not None or not cfg.old_logprobs_in_update):
+        together.append("reference")
     sharing = r.num_actors
-    if role in ("reference", "learner") and cfg.needs_reference and not cfg.old_logprobs_in_update:
-        sharing = c.reference.num_actors + c.learner.num_actors
+    if role in together and len(together) > 1:
+        sharing = sum(getattr(c, name).num_actors for name in together)
     return max(reserved, cores // sharing)
 
 
 def total_optimizer_steps(cfg: Config) -> int:
     return cfg.run.steps * cfg.learner.ppo_epochs * (cfg.global_batch_size // cfg.mini_batch_size)
+
+
+def critic_optimizer_steps(cfg: Config) -> int:
+    epochs = cfg.critic.ppo_epochs if cfg.critic is not None else 1
+    return cfg.run.steps * epochs * (cfg.global_batch_size // cfg.critic_mini_batch_size)
 
 
 @contextmanager
@@ -78,6 +91,8 @@ def started_roles(cfg: Config, backend: Backend, rollout_worker: type = RolloutW
     demands = {"rollout": c.rollout, "learner": c.learner}
     if cfg.needs_reference:
         demands["reference"] = c.reference
+    if cfg.critic is not None:
+        demands["critic"] = c.critic
     placements = backend.place(demands, colocate=c.colocate, run_name=cfg.run.name)
     groups: list[ActorGroup] = []
     try:
@@ -117,12 +132,28 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
             env=actor_env("reference", cfg),
             init=lambda i: ((cfg.reference, cfg.model), dict(temperature=temperature, num_gpus=c.reference.num_gpus)))
         groups.append(reference)
+    critic = None
+    if cfg.critic is not None:
+        critic_cfg = cfg.critic
+        critic = backend.group(
+            Critic, "critic", c.critic, placements["critic"], run_name=name, env=actor_env("critic", cfg),
+            init=lambda i: ((cfg.model, critic_cfg), dict(
+                mini_batch_size=cfg.critic_mini_batch_size, total_optimizer_steps=critic_optimizer_steps(cfg),
+                seed=cfg.run.seed, num_gpus=c.critic.num_gpus)))
+        groups.append(critic)
     if isinstance(learner, RayGroup):  # the local backend holds one learner, which needs no process group
-        host = learner.node_ip(0)
-        port = backend.answer(learner.call(0, Learner.free_port, host), "learner 0's free port", c.call_timeout_s)
-        backend.answer([learner.call(i, Learner.connect, host, port, i, len(learner)) for i in range(len(learner))],
-                       "the learners' process group connection", c.call_timeout_s)
+        _connect(backend, learner, "learner", Learner.free_port, Learner.connect, c.call_timeout_s)
+    if isinstance(critic, RayGroup):  # the critics' own group: their gradients are summed apart from the policy's
+        _connect(backend, critic, "critic", Critic.free_port, Critic.connect, c.call_timeout_s)
     gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
     sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes, gpus,
                             c.sync_timeout_s, c.verify_weights)
-    return Roles(backend, rollout, learner, reference, sync)
+    return Roles(backend, rollout, learner, reference, sync, critic)
+
+
+def _connect(backend: Backend, group: RayGroup, role: str, free_port, connect, timeout_s: float) -> None:
+    """Join the actors of `group` in one torch.distributed group, rendezvous at a free port of actor 0's node."""
+    host = group.node_ip(0)
+    port = backend.answer(group.call(0, free_port, host), f"{role} 0's free port", timeout_s)
+    backend.answer([group.call(i, connect, host, port, i, len(group)) for i in range(len(group))],
+                   f"the {role}s' process group connection", timeout_s)

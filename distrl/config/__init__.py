@@ -16,6 +16,7 @@ from distrl.config.correction import CorrectionConfig, RatioCorrection, SeqMaskT
 from distrl.config.learner import (
     ConstantSchedule,
     CosineSchedule,
+    CriticConfig,
     FSDPStrategy,
     LearnerConfig,
     LRSchedule,
@@ -42,6 +43,7 @@ __all__ = [
     "ConstantSchedule",
     "CorrectionConfig",
     "CosineSchedule",
+    "CriticConfig",
     "DataConfig",
     "DynamicSamplingConfig",
     "FSDPStrategy",

@@ -20,9 +20,10 @@ class AlgorithmConfig(Section):
     eps: float = Field(default=1e-6, gt=0.0)
     """Added to the standard deviation before dividing (grpo, whitening, reinforce_pp*)."""
     whitening: bool = False
-    """Whiten the sequence advantages over the whole step batch after the estimator: subtract the batch mean,
-    divide by the batch std (+ eps). reinforce_pp and reinforce_pp_baseline always whiten; dr_grpo with
-    whitening is reinforce_pp_baseline."""
+    """Whiten the advantages over the whole step batch after the estimator: divide by the batch std (+ eps); the
+    group estimators' batch mean is 0 already, GAE's token advantages have theirs removed first (as verl and
+    OpenRLHF do; the returns the critic learns are not whitened). reinforce_pp and reinforce_pp_baseline always
+    whiten; dr_grpo with whitening is reinforce_pp_baseline."""
     gamma: float = Field(default=1.0, ge=0.0, le=1.0)
     """Discount over response tokens (token-level returns, GAE)."""
     lam: float = Field(default=0.95, ge=0.0, le=1.0, alias="lambda")
@@ -39,7 +40,4 @@ class AlgorithmConfig(Section):
         if self.whitening and self.advantage.startswith("reinforce_pp"):
             raise ValueError(f"algorithm.whitening is redundant with algorithm.advantage '{self.advantage}', which "
                              f"always whitens over the batch; leave whitening false")
-        if self.whitening and self.advantage == "gae":
-            raise ValueError("algorithm.whitening applies to the sequence-level estimators, not "
-                             "algorithm.advantage 'gae'")
         return self

@@ -55,6 +55,8 @@ class ClusterConfig(Section):
     """Learner actors (data-parallel)."""
     reference: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0.5))
     """Reference actors."""
+    critic: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1.0))
+    """Critic actors (data-parallel like the learners; only with a `critic` section)."""
     colocate: bool = False
     """Pack all roles into one placement group (PACK over the whole job) instead of one group per role."""
     weight_sync: Literal["auto", "object_store", "nccl"] = "auto"

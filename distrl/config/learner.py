@@ -85,6 +85,19 @@ class LearnerConfig(Section):
                             "`learner.lr_schedule: {{type: cosine, min_lr_ratio: {value}}}`"})
 
 
+class CriticConfig(LearnerConfig):
+    """The value model of `algorithm.advantage: gae`, trained on the same batches as the policy with the clipped
+    value loss. Its optimisation settings are the learner's (same fields, same meaning, its own values)."""
+
+    path: str | None = None
+    """Value model: null = the policy's model (`model.path`) with a fresh scalar value head, initialised from
+    `run.seed`; a path loads that HF directory as a token-classification model with one label (e.g. a trained
+    reward or value model; its tokenizer must be the policy's)."""
+    value_clip: float | None = Field(default=0.2, gt=0.0)
+    """Clip range of the value loss: the new value may move at most this far from the value computed before the
+    update (torchtune PPOLoss value_clip_range, verl cliprange_value); null: the plain squared error."""
+
+
 class ReferenceConfig(Section):
     path: str | None = None
     """Reference model; null means the initial policy (`model.path`). Created only when a KL term needs it."""

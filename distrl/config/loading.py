@@ -28,6 +28,8 @@ VARIANTS: VariantsByPath = {
     ("loss", "correction"): CORRECTION,
     ("learner", "lr_schedule"): LR_SCHEDULE,
     ("learner", "strategy"): STRATEGY,
+    ("critic", "lr_schedule"): LR_SCHEDULE,
+    ("critic", "strategy"): STRATEGY,
     ("loop",): LOOP,
 }
 """Every discriminated union of the tree, by field path: for shorthand in overrides and for error messages."""

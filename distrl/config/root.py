@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 from distrl.config.algorithm import GROUP_ESTIMATORS, AlgorithmConfig
 from distrl.config.base import Section
 from distrl.config.cluster import ClusterConfig
-from distrl.config.learner import LearnerConfig, ReferenceConfig
+from distrl.config.learner import CriticConfig, LearnerConfig, ReferenceConfig
 from distrl.config.loop import AsyncLoop, Loop, SyncLoop
 from distrl.config.loss import LossConfig
 from distrl.config.model import DataConfig, ModelConfig
@@ -28,6 +28,8 @@ class Config(Section):
     """Reference model for the KL term."""
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     """Optimisation."""
+    critic: CriticConfig | None = None
+    """Value model for `algorithm.advantage: gae` (needed by it, and only by it)."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     """Advantage estimation and the source of old log-probs."""
     loss: LossConfig = Field(default_factory=LossConfig)
@@ -92,9 +94,7 @@ class Config(Section):
         if adv in GROUP_ESTIMATORS and g < 2:
             errors.append(f"algorithm.advantage '{adv}' compares samples within a group and needs "
                           f"rollout.n_samples_per_prompt >= 2 (got {g})")
-        if adv == "gae":
-            errors.append("algorithm.advantage 'gae' needs a value model (critic), which distrl's driver does not "
-                          "train yet; use grpo, dr_grpo, rloo, reinforce_pp or reinforce_pp_baseline")
+        errors += self._critic_problems()
         batch, mini = self.global_batch_size, self.mini_batch_size
         learners, micro = self.cluster.learner.num_actors, self.learner.micro_batch_size
         if batch % mini:
@@ -134,12 +134,47 @@ class Config(Section):
             raise ValueError("\n".join(errors))
         return self
 
+    @property
+    def critic_mini_batch_size(self) -> int:
+        """Sequences per critic optimizer step (the whole batch when `critic.mini_batch_size` is null)."""
+        return (self.critic.mini_batch_size if self.critic else None) or self.global_batch_size
+
+    def _critic_problems(self) -> list[str]:
+        """GAE and the critic come together; the critic's batch arithmetic is the learner's."""
+        gae = self.algorithm.advantage == "gae"
+        if gae and self.critic is None:
+            return ["algorithm.advantage 'gae' needs a value model: add a `critic` section (critic.path null trains "
+                    "the policy's model with a scalar value head)"]
+        if self.critic is None:
+            return []
+        if not gae:
+            return [f"a `critic` section is only used by algorithm.advantage 'gae' (got "
+                    f"'{self.algorithm.advantage}'): remove the critic or set algorithm.advantage: gae"]
+        errors = []
+        batch, mini = self.global_batch_size, self.critic_mini_batch_size
+        critics, micro = self.cluster.critic.num_actors, self.critic.micro_batch_size
+        if batch % mini:
+            errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
+                          f"critic.mini_batch_size ({mini})")
+        if mini % (critics * micro):
+            errors.append(f"critic.mini_batch_size ({mini}) must be divisible by cluster.critic.num_actors "
+                          f"({critics}) x critic.micro_batch_size ({micro})")
+        if self.cluster.backend == "local" and critics > 1:
+            errors.append(f"cluster.backend 'local' runs one critic in the driver's process; "
+                          f"cluster.critic.num_actors is {critics}")
+        if self.critic.strategy.type != "replicate":
+            errors.append("critic.strategy 'fsdp' is not supported yet: the critic's value model is replicated "
+                          "(shard the policy with learner.strategy)")
+        return errors
+
     def unplaceable(self, have: float, what: str, resource: str) -> str | None:
         """Why the roles' `resource` (num_cpus or num_gpus) cannot fit in the `have` of one node (`what` names
         where that figure comes from), or None. A reward task needs reward.num_cpus besides the actors."""
         roles = [("rollout", self.cluster.rollout), ("learner", self.cluster.learner)]
         if self.needs_reference:
             roles.append(("reference", self.cluster.reference))
+        if self.critic is not None:
+            roles.append(("critic", self.cluster.critic))
         reward = self.reward.num_cpus if resource == "num_cpus" else 0.0
         demand = sum(r.num_actors * getattr(r, resource) for _, r in roles) + reward
         if demand <= have + 1e-9:

@@ -133,8 +133,8 @@ class Trainer:
         if self.consecutive_nonfinite >= self.cfg.max_consecutive_nonfinite:
             raise NonFiniteError(
                 f"{self.role}: {self.consecutive_nonfinite} consecutive optimizer steps had a non-finite loss or "
-                f"gradient norm (last grad norm {grad_norm}); stopping (learner.max_consecutive_nonfinite="
-                f"{self.cfg.max_consecutive_nonfinite}). Lower learner.lr or check the rewards/advantages."
+                f"gradient norm (last grad norm {grad_norm}); stopping ({self.role}.max_consecutive_nonfinite="
+                f"{self.cfg.max_consecutive_nonfinite}). Lower {self.role}.lr or check the rewards/advantages."
             )
 
     # -------------------------------------------------------------------------------------------------- state

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from distrl.algo import gae, group_advantages, token_advantages
+from distrl.algo import gae, group_advantages, token_advantages, whiten_tokens
 
 from .helpers import ragged_mask
 
@@ -145,3 +145,52 @@ def test_gae_lambda_one_is_monte_carlo():
     adv, ret = gae(torch.tensor([[0.0, 0.0, 1.0]]), values, torch.ones(1, 3), gamma=0.9, lam=1.0)
     assert ret[0].tolist() == pytest.approx([0.81, 0.9, 1.0])
     assert adv[0].tolist() == pytest.approx([0.31, 0.3, 0.3])
+
+
+def test_gae_discounted_with_ragged_rows():
+    # gamma 0.9, lam 0.8 (gamma lam = 0.72). Row 0: r = [0, 0, 1], V = [0.5, 0.6, 0.7]
+    #   delta_2 = 1 - 0.7 = 0.3                       A_2 = 0.3
+    #   delta_1 = 0.9 x 0.7 - 0.6 = 0.03              A_1 = 0.03 + 0.72 x 0.3 = 0.246
+    #   delta_0 = 0.9 x 0.6 - 0.5 = 0.04              A_0 = 0.04 + 0.72 x 0.246 = 0.21712
+    #   returns = A + V = [0.71712, 0.846, 1.0]
+    # Row 1, two tokens: r = [0, 2], V = [1.0, 0.5]; t = 2 is padding with garbage, not bootstrapped from
+    #   delta_1 = 2 - 0.5 = 1.5                       A_1 = 1.5
+    #   delta_0 = 0.9 x 0.5 - 1.0 = -0.55             A_0 = -0.55 + 0.72 x 1.5 = 0.53
+    #   returns = [1.53, 2.0]
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 9.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7], [1.0, 0.5, 40.0]])
+    adv, ret = gae(rewards, values, ragged_mask([3, 2], 3), gamma=0.9, lam=0.8)
+    assert adv.tolist() == [pytest.approx([0.21712, 0.246, 0.3]), pytest.approx([0.53, 1.5, 0.0])]
+    assert ret.tolist() == [pytest.approx([0.71712, 0.846, 1.0]), pytest.approx([1.53, 2.0, 0.0])]
+
+
+def verl_gae(rewards, values, mask, gamma, lam):
+    """verl's `compute_gae_advantage_return` (core_algos.py), without its whitening: the seed system's loop."""
+    nextvalues, lastgaelam, out = 0, 0, []
+    for t in reversed(range(rewards.shape[-1])):
+        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam_ = delta + gamma * lam * lastgaelam
+        nextvalues = values[:, t] * mask[:, t] + (1 - mask[:, t]) * nextvalues
+        lastgaelam = lastgaelam_ * mask[:, t] + (1 - mask[:, t]) * lastgaelam
+        out.append(lastgaelam)
+    adv = torch.stack(out[::-1], dim=1)
+    return adv * mask, (adv + values) * mask
+
+
+def test_gae_matches_verl_on_random_ragged_batches():
+    torch.manual_seed(0)
+    mask = ragged_mask([7, 1, 4, 0, 5], 7)
+    mask[2, 1] = 0.0  # a hole (e.g. a masked observation token) is jumped over by both
+    rewards, values = torch.randn(5, 7, dtype=torch.float64), torch.randn(5, 7, dtype=torch.float64)
+    adv, ret = gae(rewards, values, mask, gamma=0.95, lam=0.9)
+    want_adv, want_ret = verl_gae(rewards, values, mask.double(), 0.95, 0.9)
+    torch.testing.assert_close(adv, want_adv)
+    torch.testing.assert_close(ret, want_ret)
+
+
+def test_whiten_tokens_over_valid_tokens():
+    # valid [1, 2, 3]: mean 2, unbiased std 1 -> [-1, 0, 1]; padding (garbage) -> 0
+    adv = torch.tensor([[1.0, 2.0, 50.0], [3.0, -7.0, 0.0]])
+    out = whiten_tokens(adv, ragged_mask([2, 1], 3), eps=0.0)
+    assert out.tolist() == [pytest.approx([-1.0, 0.0, 0.0]), pytest.approx([1.0, 0.0, 0.0])]
+    assert whiten_tokens(torch.tensor([[4.0]]), torch.ones(1, 1), eps=1e-6).item() == 0.0
