@@ -2,7 +2,9 @@
 
 The forward pass returns the log-probs of the response tokens of `Sequences` after temperature scaling (the
 same scaling vLLM applied when sampling), computed by `distrl.algo.token_logprobs` so the `[B, T, V]` float32
-log-softmax is never materialised.
+log-softmax is never materialised. It runs on the sequences packed into one row, without padding
+(`response_logprobs`); `padded_response_logprobs` is the padded forward pass it replaced, kept as the reference
+that packing is tested against and the baseline of `bench/bench_learner_step.py`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 import torch
 
 from distrl.config import ModelConfig
+from distrl.micro_batches import micro_batches
 from distrl.types import Sequences
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -54,8 +57,8 @@ def load_causal_lm(cfg: ModelConfig, dtype: str, path: str | None = None, device
     return model.to(device).eval()
 
 
-def response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False):
-    """Log-probs of the response tokens under `model`: `[B, T]` float32 (and entropies `[B, T]` if asked).
+def padded_response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False):
+    """`response_logprobs` on the padded batch `[B, P+T]` (log-probs of padding positions are left as computed).
 
     Positions are counted from the first real token, so left padding of the prompt does not shift them.
     The logits that predict response token t sit at sequence position P - 1 + t.
@@ -77,8 +80,72 @@ def response_logprobs(model, batch: Sequences, temperature: float, with_entropy:
     return logprobs, entropy
 
 
+def _packed_layout(batch: Sequences) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the real tokens of `batch` go in one packed row of N tokens.
+
+    Returns `ids [N]` and `position_ids [N]` (0 at each sequence's first real token), `predicts [K]` (packed
+    indices of the K positions whose next token is a real response token, in row-major order) and `response
+    [B, T]` bool (those K response tokens in the padded layout, same order).
+    """
+    real = batch.attention_mask.bool()
+    p = batch.prompt_len
+    if p == 0:
+        raise ValueError("Sequences: no prompt column; every sequence needs a real prompt token to predict from")
+    # Response token t sits at column P + t and is predicted by column P + t - 1, which must be real too.
+    response = real[:, p:]
+    predicts = torch.zeros_like(real)
+    predicts[:, p - 1 : -1] = response & real[:, p - 1 : -1]
+    if int(predicts.sum()) != int(response.sum()):
+        raise ValueError("Sequences: a response token follows padding (every sequence needs a real prompt token)")
+    position_ids = real.long().cumsum(-1) - 1
+    return batch.input_ids[real], position_ids[real], predicts[real].nonzero().squeeze(-1), response
+
+
+def response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False):
+    """Log-probs of the response tokens under `model`: `[B, T]` float32, 0 on padding (and entropies `[B, T]` if
+    asked), from one packed forward pass.
+
+    The real tokens of all B rows are concatenated into one row `[1, N]` (N = real tokens, no padding) with
+    `position_ids` restarting at 0 per sequence and no attention mask: transformers (`masking_utils.
+    find_packed_sequence_indices`) then reads each restart of the positions as a new sequence and builds a
+    block-diagonal causal mask, so every token attends only to its own sequence, exactly as in the padded batch.
+    Logits are taken only at the K positions that predict a response token (`logits_to_keep` as indices), so no
+    `[N, V]` logits exist, and `token_logprobs` never makes a float32 log-softmax of them. Zero rows run the model
+    on one token and return `[0, T]` outputs still connected to the graph (see `distrl.micro_batches`).
+    """
+    from distrl.algo import entropy_from_logits, token_logprobs
+
+    ids, position_ids, predicts, response = _packed_layout(batch)
+    if ids.numel() == 0:
+        ids, position_ids = batch.input_ids.new_zeros(1), batch.input_ids.new_zeros(1)
+    kwargs = dict(input_ids=ids[None], position_ids=position_ids[None], use_cache=False)
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        logits = model(**kwargs, logits_to_keep=predicts).logits[0]
+    else:
+        logits = model(**kwargs).logits[0, predicts]
+    if predicts.numel() == 0:  # no response token: empty outputs that still lead back through the model
+        empty = _unpack(logits.float().sum(-1), response)
+        return empty, empty if with_entropy else None
+    targets = ids[predicts + 1]
+    logprobs = _unpack(token_logprobs(logits, targets, temperature=temperature), response)
+    entropy = _unpack(entropy_from_logits(logits, temperature=temperature), response) if with_entropy else None
+    return logprobs, entropy
+
+
+def _unpack(values: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
+    """`[K]` values of the response tokens into the padded layout `[B, T]`, 0 elsewhere (differentiable)."""
+    return values.new_zeros(response.shape).masked_scatter(response, values)
+
+
 @torch.no_grad()
-def score_in_micro_batches(model, batch: Sequences, temperature: float, micro_batch_size: int) -> torch.Tensor:
-    """`response_logprobs` without gradients over micro-batches: `[B, T]` float32 on CPU, 0 on padding."""
-    out = [response_logprobs(model, mb, temperature)[0] for mb in batch.chunks(micro_batch_size)]
-    return (torch.cat(out) * batch.response_mask).cpu()
+def score_in_micro_batches(model, batch: Sequences, temperature: float, micro_batch_size: int,
+                           max_tokens: int | None = None, min_count: int = 1) -> torch.Tensor:
+    """`response_logprobs` without gradients over micro-batches (`distrl.micro_batches.micro_batches`: by the
+    token budget `max_tokens` when set, else `micro_batch_size` rows each): `[B, T]` float32 on CPU, 0 on padding,
+    rows in the batch's order."""
+    out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=batch.response_mask.device)
+    lengths = batch.attention_mask.sum(-1).tolist()
+    for rows in micro_batches(lengths, micro_batch_size, max_tokens, min_count):
+        index = torch.tensor(rows, dtype=torch.long, device=out.device)
+        out[index] = response_logprobs(model, batch.select(index), temperature)[0].float()
+    return (out * batch.response_mask).cpu()
