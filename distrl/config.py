@@ -145,7 +145,11 @@ class ReferenceConfig(Section):
     dtype: Dtype = "float32"
     """Dtype the reference model runs in."""
     micro_batch_size: int = Field(default=8, gt=0)
-    """Sequences per reference forward pass."""
+    """Sequences per reference forward pass (when `max_tokens_per_micro_batch` is null)."""
+    max_tokens_per_micro_batch: int | None = Field(default=None, gt=0)
+    """Token budget of one reference forward pass: sequences (prompt + response tokens, no padding) are packed by
+    first-fit decreasing into micro-batches of at most this many tokens; a longer sequence goes alone. Null: fixed
+    micro-batches of `micro_batch_size` sequences."""
 
 
 # --------------------------------------------------------------------------------------------------------- learner
@@ -174,7 +178,12 @@ class LearnerConfig(Section):
     mini_batch_size: int | None = Field(default=None, gt=0)
     """Sequences per optimizer step, across all learners; null means the whole step batch (one step per epoch)."""
     micro_batch_size: int = Field(default=4, gt=0)
-    """Sequences per forward/backward pass on one learner."""
+    """Sequences per forward/backward pass on one learner (when `max_tokens_per_micro_batch` is null)."""
+    max_tokens_per_micro_batch: int | None = Field(default=None, gt=0)
+    """Token budget of one forward/backward pass on one learner: sequences (prompt + response tokens, no padding)
+    are packed by first-fit decreasing into micro-batches of at most this many tokens; a longer sequence goes
+    alone. The loss stays exactly the full mini-batch's (global normalisation), whatever the partition. Null:
+    fixed micro-batches of `micro_batch_size` sequences."""
     max_consecutive_nonfinite: int = Field(default=3, gt=0)
     """Optimizer steps with a non-finite loss or grad norm are skipped; this many in a row stop the run."""
 
@@ -521,7 +530,11 @@ class Config(Section):
         if batch % mini:
             errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
                           f"learner.mini_batch_size ({mini})")
-        if mini % (learners * micro):
+        if self.learner.max_tokens_per_micro_batch is not None:
+            if mini % learners:  # micro-batches come from the token budget: only the shards must be equal
+                errors.append(f"learner.mini_batch_size ({mini}) must be divisible by cluster.learner.num_actors "
+                              f"({learners})")
+        elif mini % (learners * micro):
             errors.append(f"learner.mini_batch_size ({mini}) must be divisible by cluster.learner.num_actors "
                           f"({learners}) x learner.micro_batch_size ({micro})")
         if self.loss.kl.target == "reward" and self.loss.kl.estimator == "k3+":

@@ -17,6 +17,7 @@ import torch
 from distrl import checkpoint
 from distrl.algo import LossInputs, compute_loss
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
+from distrl.micro_batches import micro_batches
 from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist, fingerprint, nccl
 from distrl.workers.device import granted_device
@@ -99,7 +100,7 @@ class Learner:
             with self._autocast:
                 return score_in_micro_batches(self.model, sequences.to(self.device),
                                               self.temperature if temperature is None else temperature,
-                                              self.cfg.micro_batch_size)
+                                              self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
         finally:
             self.model.train()
 
@@ -142,14 +143,18 @@ class Learner:
         micro_tokens: list[float] = []
         loss_sums: dict[str, float] = defaultdict(float)
         nonfinite_loss = 0.0
-        for micro in mini.chunks(self.cfg.micro_batch_size):
+        proximal = torch.zeros_like(mask)  # in the mini-batch's row order, whatever the micro-batches' order
+        lengths = mini.sequences.attention_mask.sum(-1).tolist()
+        for rows in micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch):
+            index = torch.tensor(rows, dtype=torch.long, device=mask.device)
+            micro = mini.select(index)
             with self._autocast:
                 logprobs, entropy = response_logprobs(self.model, micro.sequences, self.temperature,
                                                       with_entropy=self.loss_cfg.entropy_coef > 0)
             old = micro.old_logprobs
             if old is None:  # one optimizer step from these weights: its log-probs are the proximal policy's
                 old = logprobs.detach()
-                self._proximal.append(old.float().masked_fill(micro.response_mask == 0, 0.0).cpu())
+                proximal[index] = old.float().masked_fill(micro.response_mask == 0, 0.0)
             out = compute_loss(
                 LossInputs(logprobs=logprobs, old_logprobs=old, advantages=micro.advantages,
                            mask=micro.response_mask, rollout_logprobs=micro.rollout_logprobs,
@@ -167,6 +172,8 @@ class Learner:
                     loss_sums[key] += value
                 else:
                     per_micro[key].append(value)
+        if mini.old_logprobs is None:
+            self._proximal.append(proximal.cpu())
         dist.all_reduce_grads_(self.params)
         flags = dist.all_reduce_(torch.tensor([nonfinite_loss, *loss_sums.values()], dtype=torch.float64,
                                               device=self.device))
