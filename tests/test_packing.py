@@ -117,3 +117,21 @@ def test_scoring_by_a_token_budget_keeps_row_order(model, max_tokens):
         whole = padded_response_logprobs(model, seqs, 1.0)[0] * seqs.response_mask
     scored = score_in_micro_batches(model, seqs, 1.0, micro_batch_size=2, max_tokens=max_tokens, min_count=3)
     assert torch.allclose(scored, whole, atol=2e-5, rtol=0)
+
+
+def test_the_pack_is_as_wide_as_the_longest_sequence():
+    from distrl.workers.model import _packed_layout
+
+    # Real lengths 14 5 19 5 7 (prompt + response of BATCH); width 19. First-fit decreasing into rows of 19:
+    # 19 (r2) -> row 0; 14 (r0) -> row 1; 7 (r4) -> row 2; 5 (r1) -> row 1 (19); 5 (r3) -> row 2 (12).
+    seqs = ragged(*BATCH)
+    ids, positions, predicts, response = _packed_layout(seqs)
+    assert ids.shape == positions.shape == (3, 19)
+    assert positions[1].tolist() == [*range(14), *range(5)]
+    assert positions[2].tolist() == [*range(5), *range(7), *[0] * 7]  # filler: position 0, each its own sequence
+    real = seqs.attention_mask.bool()
+    assert ids[1, :14].tolist() == seqs.input_ids[0][real[0]].tolist()
+    # Batch row 0 starts pack row 1 (flat index 19); its 5 prompt tokens sit at 19..23, and the last of them
+    # predicts its first response token: the first of the K positions is 19 + 5 - 1 = 23.
+    assert predicts.shape == (int(response.sum()),)
+    assert predicts[0].item() == 19 + 5 - 1
