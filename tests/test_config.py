@@ -81,6 +81,9 @@ BAD = [
     (["algorithm.advantage=ppo"], "algorithm.advantage"),
     (["learner.mini_batch_size=12"], "learner.mini_batch_size"),
     (["learner.micro_batch_size=3"], "learner.micro_batch_size"),
+    (["learner.max_tokens_per_micro_batch=0"], "learner.max_tokens_per_micro_batch"),
+    (["reference.max_tokens_per_micro_batch=-1"], "reference.max_tokens_per_micro_batch"),
+    (["learner.max_tokens_per_micro_batch=512", "cluster.learner.num_actors=3"], "cluster.learner.num_actors"),
     (["cluster.learner.num_actors=3"], "cluster.learner.num_actors"),
     (["algorithm.old_logprobs=rollout", "loss.correction.mode=tis"], "algorithm.old_logprobs"),
     (["rollout.max_model_len=10"], "rollout.max_model_len"),
@@ -113,6 +116,13 @@ def test_bad_config_names_the_field(tmp_path, overrides, field):
     assert field in str(err.value)
     # Every problem points at where it was set: the --set that introduced a value, or the file line.
     assert "--set" in str(err.value) or "c.yaml" in str(err.value)
+
+
+def test_a_token_budget_frees_the_mini_batch_from_the_micro_batch_size(tmp_path):
+    # Without a budget 3 rows per micro-batch do not divide the mini-batch; with one, micro_batch_size is unused.
+    cfg = config.load(write(tmp_path, MINIMAL), ["learner.micro_batch_size=3",
+                                                 "learner.max_tokens_per_micro_batch=1024"])
+    assert cfg.learner.max_tokens_per_micro_batch == 1024 and cfg.reference.max_tokens_per_micro_batch is None
 
 
 def test_error_points_at_file_and_line(tmp_path):

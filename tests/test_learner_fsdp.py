@@ -25,16 +25,26 @@ def full_weights(learner) -> dict[str, torch.Tensor]:
     return learner.weight_bucket(everything, "float32")  # every learner takes part; learner 0's holds them
 
 
-def scenario(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
-    learner = make_learner(model_dir, strategy=FSDPStrategy(), **SETTINGS)
+def scenario(rank: int, world: int, port: int, model_dir: Path, out: Path, **settings) -> dict:
+    learner = make_learner(model_dir, strategy=FSDPStrategy(), **{**SETTINGS, **settings})
     learner.connect("127.0.0.1", port, rank, world)
     shard = batch().shard(world, 8)[rank]
     losses = []
     for _ in range(UPDATES):
         scored = replace(shard, old_logprobs=learner.logprobs(shard.sequences))
         losses.append(values(learner.update(scored))["loss/policy"])
-    learner.save_checkpoint(str(out / "step_000002.tmp" / "policy"))
+    if not settings:
+        learner.save_checkpoint(str(out / "step_000002.tmp" / "policy"))
     return {"losses": torch.tensor(losses), **full_weights(learner)}
+
+
+def scenario_budget(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
+    """A token budget of 16: learner 0's rows (8, 8, 10, 10 tokens) make 3 micro-batches, learner 1's (8 tokens
+    each) 2, so learner 1 must split one to keep the forward passes in lockstep."""
+    from distrl.micro_batches import micro_batches
+
+    assert len(micro_batches([8, 8, 10, 10], 2, 16)) == 3 and len(micro_batches([8, 8, 8, 8], 2, 16)) == 2
+    return scenario(rank, world, port, model_dir, out, max_tokens_per_micro_batch=16)
 
 
 @pytest.fixture(scope="module")
@@ -45,17 +55,28 @@ def two_sharded(tiny_model_dir, tmp_path_factory) -> tuple[dict, Path]:
     return result, checkpoint.finish(tmp, {"step": 2}, ("policy",))
 
 
-def test_two_sharded_learners_train_as_one_replicated_learner(two_sharded, tiny_model_dir):
-    result, _ = two_sharded
+def single_learner_run(tiny_model_dir) -> tuple[list[float], dict[str, torch.Tensor]]:
     single = make_learner(tiny_model_dir, **SETTINGS)
     data = batch()
     losses = [update(single, replace(data, old_logprobs=single.logprobs(data.sequences)))["loss/policy"]
               for _ in range(UPDATES)]
+    return losses, full_weights(single)
+
+
+def assert_same_training(result: dict, losses: list[float], weights: dict[str, torch.Tensor]) -> None:
     torch.testing.assert_close(result.pop("losses"), torch.tensor(losses), rtol=1e-5, atol=1e-7)
-    weights = full_weights(single)
     assert result.keys() == weights.keys()
     for name, w in weights.items():  # AdamW divides by a running RMS: rounding shows at the scale of lr
         torch.testing.assert_close(result[name], w, rtol=0, atol=3e-5, msg=name)
+
+
+def test_two_sharded_learners_train_as_one_replicated_learner(two_sharded, tiny_model_dir):
+    assert_same_training(dict(two_sharded[0]), *single_learner_run(tiny_model_dir))
+
+
+def test_sharded_learners_under_a_token_budget_keep_in_lockstep(tiny_model_dir, tmp_path):
+    result = _spawn("test_learner_fsdp:scenario_budget", tiny_model_dir, tmp_path)
+    assert_same_training(result, *single_learner_run(tiny_model_dir))
 
 
 def test_a_sharded_checkpoint_holds_an_hf_policy_and_no_pickle_and_loads_into_a_replica(two_sharded,

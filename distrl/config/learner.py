@@ -73,7 +73,12 @@ class LearnerConfig(Section):
     mini_batch_size: int | None = Field(default=None, gt=0)
     """Sequences per optimizer step, across all learners; null means the whole step batch (one step per epoch)."""
     micro_batch_size: int = Field(default=4, gt=0)
-    """Sequences per forward/backward pass on one learner."""
+    """Sequences per forward/backward pass on one learner (when `max_tokens_per_micro_batch` is null)."""
+    max_tokens_per_micro_batch: int | None = Field(default=None, gt=0)
+    """Token budget of one forward/backward pass on one learner: sequences (prompt + response tokens, no padding)
+    are packed by first-fit decreasing into micro-batches of at most this many tokens; a longer sequence goes
+    alone. The loss stays exactly the full mini-batch's (global normalisation), whatever the partition. Null:
+    fixed micro-batches of `micro_batch_size` sequences."""
     max_consecutive_nonfinite: int = Field(default=3, gt=0)
     """Optimizer steps with a non-finite loss or grad norm are skipped; this many in a row stop the run."""
 
@@ -104,4 +109,8 @@ class ReferenceConfig(Section):
     dtype: Dtype = "float32"
     """Dtype the reference model runs in."""
     micro_batch_size: int = Field(default=8, gt=0)
-    """Sequences per reference forward pass."""
+    """Sequences per reference forward pass (when `max_tokens_per_micro_batch` is null)."""
+    max_tokens_per_micro_batch: int | None = Field(default=None, gt=0)
+    """Token budget of one reference forward pass: sequences (prompt + response tokens, no padding) are packed by
+    first-fit decreasing into micro-batches of at most this many tokens; a longer sequence goes alone. Null: fixed
+    micro-batches of `micro_batch_size` sequences."""

@@ -100,7 +100,11 @@ class Config(Section):
         if batch % mini:
             errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
                           f"learner.mini_batch_size ({mini})")
-        if mini % (learners * micro):
+        if self.learner.max_tokens_per_micro_batch is not None:
+            if mini % learners:  # micro-batches come from the token budget: only the shards must be equal
+                errors.append(f"learner.mini_batch_size ({mini}) must be divisible by cluster.learner.num_actors "
+                              f"({learners})")
+        elif mini % (learners * micro):
             errors.append(f"learner.mini_batch_size ({mini}) must be divisible by cluster.learner.num_actors "
                           f"({learners}) x learner.micro_batch_size ({micro})")
         if self.algorithm.old_logprobs == "rollout" and self.loss.correction is not None:
@@ -156,9 +160,10 @@ class Config(Section):
         if batch % mini:
             errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
                           f"critic.mini_batch_size ({mini})")
-        if mini % (critics * micro):
+        if mini % (critics * (1 if self.critic.max_tokens_per_micro_batch else micro)):
             errors.append(f"critic.mini_batch_size ({mini}) must be divisible by cluster.critic.num_actors "
-                          f"({critics}) x critic.micro_batch_size ({micro})")
+                          f"({critics})" + ("" if self.critic.max_tokens_per_micro_batch else
+                                            f" x critic.micro_batch_size ({micro})"))
         if self.cluster.backend == "local" and critics > 1:
             errors.append(f"cluster.backend 'local' runs one critic in the driver's process; "
                           f"cluster.critic.num_actors is {critics}")

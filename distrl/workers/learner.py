@@ -14,6 +14,7 @@ from distrl import checkpoint
 from distrl.algo import LossInputs, compute_loss
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
 from distrl.merging import Figures
+from distrl.micro_batches import micro_batches
 from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist, export, fingerprint, nccl
 from distrl.workers.device import granted_device
@@ -68,9 +69,12 @@ class Learner:
         self.model.eval()
         try:
             with self.trainer.autocast:
-                return score_in_micro_batches(self.model, sequences.to(self.device),
-                                              self.temperature if temperature is None else temperature,
-                                              self.cfg.micro_batch_size)
+                seqs = sequences.to(self.device)
+                lengths = seqs.attention_mask.sum(-1).tolist()
+                count = len(micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch))
+                t = self.temperature if temperature is None else temperature
+                return score_in_micro_batches(self.model, seqs, t, self.cfg.micro_batch_size,
+                                              self.cfg.max_tokens_per_micro_batch, self.strategy.lockstep(count))
         finally:
             self.model.train()
 
@@ -85,6 +89,11 @@ class Learner:
                              "epoch): only then are the update's own log-probs, detached, the proximal policy's")
         self._proximal = []
         figs = self.trainer.update(batch, self._policy_loss)
+        if batch.old_logprobs is None:  # back into row order: micro-batches may group rows in another order
+            proximal = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+            for rows, old in zip(self.trainer.micro_rows, self._proximal, strict=True):
+                proximal[rows] = old
+            self._proximal = [proximal]
         self.updates += 1
         return figs
 
@@ -95,7 +104,7 @@ class Learner:
         old = micro.old_logprobs
         if old is None:  # one optimizer step from these weights: its log-probs are the proximal policy's
             old = logprobs.detach()
-            self._proximal.append(old.float().masked_fill(micro.response_mask == 0, 0.0).cpu())
+            self._proximal.append(old.float().masked_fill(micro.response_mask == 0, 0.0).cpu())  # micro order
         out = compute_loss(
             LossInputs(logprobs=logprobs, old_logprobs=old, advantages=micro.advantages, mask=micro.response_mask,
                        rollout_logprobs=micro.rollout_logprobs, ref_logprobs=micro.ref_logprobs, entropy=entropy,

@@ -2,7 +2,9 @@
 
 The forward pass returns the log-probs of the response tokens of `Sequences` after temperature scaling (the
 same scaling vLLM applied when sampling), computed by `distrl.algo.token_logprobs` so the `[B, T, V]` float32
-log-softmax is never materialised.
+log-softmax is never materialised. It runs on the sequences packed into one row, without padding
+(`response_logprobs`); `padded_response_logprobs` is the padded forward pass it replaced, kept as the reference
+that packing is tested against and the baseline of `bench/bench_learner_step.py`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 import torch
 
 from distrl.config import ModelConfig
+from distrl.micro_batches import micro_batches, token_budget
 from distrl.types import Sequences
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -54,8 +57,8 @@ def load_causal_lm(cfg: ModelConfig, dtype: str, path: str | None = None, device
     return model.to(device).eval()
 
 
-def response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False):
-    """Log-probs of the response tokens under `model`: `[B, T]` float32 (and entropies `[B, T]` if asked).
+def padded_response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False):
+    """`response_logprobs` on the padded batch `[B, P+T]` (log-probs of padding positions are left as computed).
 
     Positions are counted from the first real token, so left padding of the prompt does not shift them.
     The logits that predict response token t sit at sequence position P - 1 + t.
@@ -77,8 +80,101 @@ def response_logprobs(model, batch: Sequences, temperature: float, with_entropy:
     return logprobs, entropy
 
 
+def _packed_layout(batch: Sequences) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the real tokens of `batch` go in a pack `[R, W]`: W is the longest sequence (real tokens), and the
+    sequences are placed in R rows of at most W tokens by first-fit decreasing; the rest of a row is filler.
+
+    Returns `ids [R, W]` and `position_ids [R, W]` (0 at each sequence's first real token and on every filler
+    token, so each filler token is a sequence of its own), `predicts [K]` (flat indices into `[R * W]` of the K
+    positions whose next token is a real response token, in the row-major order of the padded batch) and
+    `response [B, T]` bool (those K response tokens in the padded layout).
+    """
+    real = batch.attention_mask.bool()
+    p = batch.prompt_len
+    if p == 0:
+        raise ValueError("Sequences: no prompt column; every sequence needs a real prompt token to predict from")
+    # Response token t sits at column P + t and is predicted by column P + t - 1, which must be real too.
+    response = real[:, p:]
+    predicts = torch.zeros_like(real)
+    predicts[:, p - 1 : -1] = response & real[:, p - 1 : -1]
+    if int(predicts.sum()) != int(response.sum()):
+        raise ValueError("Sequences: a response token follows padding (every sequence needs a real prompt token)")
+    lengths = real.sum(-1).tolist()
+    width = max([1, *lengths])
+    start = [0] * len(lengths)  # flat index of each sequence's first token in the pack
+    rows = token_budget(lengths, width)
+    for r, group in enumerate(rows):
+        offset = r * width
+        for i in group:
+            start[i], offset = offset, offset + lengths[i]
+    rank = real.long().cumsum(-1) - 1  # position of each real token in its own sequence
+    flat = (torch.tensor(start, dtype=torch.long, device=real.device)[:, None] + rank)[real]
+    shape = (max(len(rows), 1), width)  # zero rows: one filler token, so that the model still runs
+    ids = batch.input_ids.new_zeros(shape).view(-1).index_put_((flat,), batch.input_ids[real])
+    position_ids = rank.new_zeros(shape).view(-1).index_put_((flat,), rank[real])
+    return ids.view(shape), position_ids.view(shape), flat[predicts[real]], response
+
+
+def response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False):
+    """Log-probs of the response tokens under `model`: `[B, T]` float32, 0 on padding (and entropies `[B, T]` if
+    asked), from one packed forward pass.
+
+    The real tokens of the B rows are packed into R rows as wide as the longest sequence (`_packed_layout`), with
+    `position_ids` restarting at 0 per sequence and no attention mask: transformers 5.19 (`masking_utils.
+    find_packed_sequence_indices`) then reads each restart of the positions as a new sequence and builds a
+    block-diagonal causal mask, so every token attends only to its own sequence, exactly as in the padded batch.
+    Rows as wide as the longest sequence, rather than one row of all N tokens, keep the dense sdpa mask's
+    attention cost at about N x W instead of N^2. Logits are made only at the K positions that predict a response
+    token (a hook hands the LM head just those hidden states, through the model's own forward, so sharding hooks
+    on the root still run), so no `[N, V]` logits exist, and `token_logprobs` never makes a float32 log-softmax
+    of them. Zero rows run the model on one token and return `[0, T]` outputs still connected to the graph (see
+    `distrl.micro_batches`).
+    """
+    from distrl.algo import entropy_from_logits, token_logprobs
+
+    ids, position_ids, predicts, response = _packed_layout(batch)
+    targets = ids.view(-1)[predicts + 1]
+    logits = _logits_at(model, ids, position_ids, predicts)
+    if predicts.numel() == 0:  # no response token: empty outputs that still lead back through the model
+        empty = _unpack(logits.float().sum(-1), response)
+        return empty, empty if with_entropy else None
+    logprobs = _unpack(token_logprobs(logits, targets, temperature=temperature), response)
+    entropy = _unpack(entropy_from_logits(logits, temperature=temperature), response) if with_entropy else None
+    return logprobs, entropy
+
+
+def _logits_at(model, ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Logits `[K, V]` of the pack `ids [R, W]` at the flat positions `keep [K]`."""
+    kwargs = dict(input_ids=ids, position_ids=position_ids, use_cache=False)
+    if not hasattr(model, "get_decoder"):
+        return model(**kwargs).logits.flatten(0, 1)[keep]
+
+    def kept_hidden_states(module, args, output):
+        hidden = output.last_hidden_state
+        output.last_hidden_state = hidden.flatten(0, 1)[keep][None]  # [1, K, H]: the head sees only these
+        return output
+
+    handle = model.get_decoder().register_forward_hook(kept_hidden_states)
+    try:
+        return model(**kwargs).logits[0]
+    finally:
+        handle.remove()
+
+
+def _unpack(values: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
+    """`[K]` values of the response tokens into the padded layout `[B, T]`, 0 elsewhere (differentiable)."""
+    return values.new_zeros(response.shape).masked_scatter(response, values)
+
+
 @torch.no_grad()
-def score_in_micro_batches(model, batch: Sequences, temperature: float, micro_batch_size: int) -> torch.Tensor:
-    """`response_logprobs` without gradients over micro-batches: `[B, T]` float32 on CPU, 0 on padding."""
-    out = [response_logprobs(model, mb, temperature)[0] for mb in batch.chunks(micro_batch_size)]
-    return (torch.cat(out) * batch.response_mask).cpu()
+def score_in_micro_batches(model, batch: Sequences, temperature: float, micro_batch_size: int,
+                           max_tokens: int | None = None, min_count: int = 1) -> torch.Tensor:
+    """`response_logprobs` without gradients over micro-batches (`distrl.micro_batches.micro_batches`: by the
+    token budget `max_tokens` when set, else `micro_batch_size` rows each): `[B, T]` float32 on CPU, 0 on padding,
+    rows in the batch's order."""
+    out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=batch.response_mask.device)
+    lengths = batch.attention_mask.sum(-1).tolist()
+    for rows in micro_batches(lengths, micro_batch_size, max_tokens, min_count):
+        index = torch.tensor(rows, dtype=torch.long, device=out.device)
+        out[index] = response_logprobs(model, batch.select(index), temperature)[0].float()
+    return (out * batch.response_mask).cpu()

@@ -22,4 +22,4 @@ class ReferenceWorker:
 
     def logprobs(self, sequences: Sequences) -> torch.Tensor:
         return score_in_micro_batches(self.model, sequences.to(self.device), self.temperature,
-                                      self.cfg.micro_batch_size)
+                                      self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)

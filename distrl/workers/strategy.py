@@ -3,6 +3,7 @@
 The training core, the weight export and the checkpoints ask the strategy for what differs:
 
     build        the float32 master model on this learner (sharded: on the meta device, then only its slices)
+    lockstep     how many forward passes a learner makes (sharded: the most any learner needs)
     autocast     the compute-dtype context (sharded: FSDP's mixed-precision policy casts instead)
     reduce_grads sum the gradients over the learners (sharded: FSDP's reduce-scatter already did, summing)
     clip         the global gradient norm, clipped
@@ -44,6 +45,10 @@ class Replicated:
     def autocast(self) -> contextlib.AbstractContextManager:
         dtype = DTYPES[self.cfg.dtype]
         return torch.autocast(self.device, dtype=dtype, enabled=dtype != torch.float32)
+
+    def lockstep(self, count: int) -> int:
+        """How many forward passes this learner must make when it needs `count`: as many as it needs."""
+        return count
 
     def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         dist.all_reduce_grads_(params)
@@ -97,6 +102,11 @@ class Sharded(Replicated):
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # FSDP's MixedPrecisionPolicy gathers parameters in the compute dtype
+
+    def lockstep(self, count: int) -> int:
+        """The most forward passes any learner needs: FSDP's forwards are collectives, so every learner makes as
+        many (a token budget may give learners different counts; the others split or add empty ones)."""
+        return int(dist.all_reduce_(torch.tensor([count], device=self.device), torch.distributed.ReduceOp.MAX))
 
     def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         pass  # each backward reduce-scattered (summed) its gradients into the shards

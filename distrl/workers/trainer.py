@@ -20,6 +20,7 @@ import torch
 
 from distrl.config import LearnerConfig
 from distrl.merging import Figure, Figures, Merge, merge, over_steps
+from distrl.micro_batches import micro_batches
 from distrl.types import TrainBatch
 from distrl.workers import dist
 from distrl.workers.optim import build_optimizer
@@ -65,6 +66,7 @@ class Trainer:
         self.optimizer_steps = 0
         self.skipped_steps = 0
         self.consecutive_nonfinite = 0
+        self.micro_rows: list[list[int]] = []
 
     @property
     def local_mini_batch_size(self) -> int:
@@ -100,14 +102,18 @@ class Trainer:
         parts: list[Figures] = []
         part_tokens: list[float] = []
         nonfinite_loss = 0.0
-        for micro in mini.chunks(self.cfg.micro_batch_size):
+        self.micro_rows = self.micro_batches(mini)
+        for rows in self.micro_rows:
+            micro = mini.select(torch.tensor(rows, dtype=torch.long, device=mask.device))
             with self.autocast:
                 loss, figs = objective(self.model, micro, global_counts)
             if not torch.isfinite(loss):
                 nonfinite_loss = 1.0
             loss.backward()
-            parts.append(figs)
-            part_tokens.append(float(micro.response_mask.sum()))
+            tokens = float(micro.response_mask.sum())
+            if tokens > 0 or not parts:  # an empty micro-batch (lockstep, or all responses empty) measured nothing
+                parts.append(figs)
+                part_tokens.append(tokens)
         figs = merge(parts, part_tokens)
         self.strategy.reduce_grads(self.params)
         sums = [key for key, fig in figs.items() if fig.merge is Merge.SUM]
@@ -126,6 +132,16 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         figs[f"{self.role}/grad_norm"] = Figure(grad_norm, Merge.MEAN)
         return figs
+
+    def micro_batches(self, mini: TrainBatch) -> list[list[int]]:
+        """Row groups of `mini`, one per forward/backward pass (`distrl.micro_batches`: by the token budget
+        `max_tokens_per_micro_batch` when set, else `micro_batch_size` rows), as many as the strategy's lockstep
+        asks. `step` keeps those of its last call in `micro_rows`, in the order the objective saw them."""
+        lengths = mini.sequences.attention_mask.sum(-1).tolist()
+        rows = micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+        need = self.strategy.lockstep(len(rows))
+        return rows if need == len(rows) else micro_batches(lengths, self.cfg.micro_batch_size,
+                                                            self.cfg.max_tokens_per_micro_batch, need)
 
     def _skip(self, grad_norm: float) -> None:
         self.skipped_steps += 1

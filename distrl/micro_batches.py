@@ -1,0 +1,81 @@
+"""Micro-batch formation: which rows of a (mini-)batch go through one forward pass together. Pure Python, no Ray.
+
+Two policies, both returning row-index groups so that a caller can reassemble per-row outputs in the original
+order (`out[group] = f(batch.select(group))`):
+
+- a fixed count (`micro_batch_size` consecutive rows), today's behaviour;
+- a token budget (`max_tokens`): rows are packed by first-fit decreasing on their real-token counts, so every
+  micro-batch holds at most `max_tokens` tokens (a longer row goes alone). First-fit decreasing is used because a
+  packed forward pass costs about its token count: the fewer, fuller micro-batches it makes (never more than
+  11/9 of the fewest possible, plus one), the fewer passes and the larger their matrix products, and it is
+  deterministic (ties keep row order).
+
+The loss of each micro-batch is divided by global token and sequence counts, so any partition of the rows gives
+the same total loss and gradient: the choice only changes speed and memory.
+
+Sharded (FSDP) learners run each forward pass as a collective, so every learner must run the same number of
+micro-batches: `min_count` (the maximum count over learners, all-reduced by the caller) makes the partition have
+at least that many groups, splitting the largest groups first and adding empty groups when no group has two rows
+left. An empty group is an empty micro-batch whose forward pass the caller still runs (`response_logprobs` on zero
+rows runs the model on one token and returns `[0, T]`, connected to the graph, so its backward joins the
+collectives too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def fixed_count(num_rows: int, micro_batch_size: int) -> list[list[int]]:
+    """Consecutive groups of `micro_batch_size` rows (the last may be shorter)."""
+    if micro_batch_size <= 0:
+        raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
+    return [list(range(i, min(i + micro_batch_size, num_rows))) for i in range(0, num_rows, micro_batch_size)]
+
+
+def token_budget(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """First-fit decreasing: groups of rows whose `lengths` (real tokens per row) add up to at most `max_tokens`;
+    a row longer than `max_tokens` is a group of its own. Groups are listed in the order they were opened (the
+    first holds the longest row), rows in each group in ascending order."""
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens_per_micro_batch must be > 0, got {max_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: equal lengths keep row order
+    groups: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        slot = next((g for g, load in enumerate(loads) if load + lengths[i] <= max_tokens), None)
+        if slot is None:
+            groups.append([i])
+            loads.append(lengths[i])
+        else:
+            groups[slot].append(i)
+            loads[slot] += lengths[i]
+    return [sorted(g) for g in groups]
+
+
+def at_least(groups: list[list[int]], lengths: Sequence[int], min_count: int) -> list[list[int]]:
+    """`groups` split until there are `min_count` of them: the group with the most tokens among those of two or
+    more rows is halved (rows alternating by length, so both halves hold about half the tokens); when every group
+    has one row, empty groups are appended."""
+    groups = [list(g) for g in groups]
+    while len(groups) < min_count:
+        splittable = [g for g in range(len(groups)) if len(groups[g]) > 1]
+        if not splittable:
+            groups += [[] for _ in range(min_count - len(groups))]
+            break
+        g = max(splittable, key=lambda k: sum(lengths[i] for i in groups[k]))
+        by_length = sorted(groups[g], key=lambda i: -lengths[i])
+        groups[g:g + 1] = [sorted(by_length[0::2]), sorted(by_length[1::2])]
+    return groups
+
+
+def micro_batches(lengths: Sequence[int], micro_batch_size: int, max_tokens: int | None = None,
+                  min_count: int = 1) -> list[list[int]]:
+    """Row-index groups, one per micro-batch, covering every row once: by the token budget `max_tokens` when set
+    (`token_budget`), else `micro_batch_size` consecutive rows; then at least `min_count` groups (`at_least`).
+    `lengths[i]` is the number of real (unpadded) tokens of row i."""
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    groups = (fixed_count(len(lengths), micro_batch_size) if max_tokens is None
+              else token_budget(lengths, max_tokens))
+    return at_least(groups, lengths, min_count)
