@@ -203,15 +203,17 @@ class TestTwoRolloutActorsTwoLearners:
 # 1 rollout actor x 1 learner is the quickstart (test_quickstart.py). Each topology also runs other options end
 # to end: KL in the reward (old-policy vs reference log-probs) with whitened Dr. GRPO advantages; bypass mode (vLLM's
 # log-probs as the old policy) with two mini-batches per step; GSPO with ICEPop on a bf16 engine (a real
-# rollout/trainer mismatch); a stop string (vLLM then detokenizes while sampling).
+# rollout/trainer mismatch) with FSDP-sharded learners forming micro-batches by a token budget; a stop string (vLLM
+# then detokenizes while sampling).
 TOPOLOGIES = {
     "2x1-kl_in_reward": (2, 1, ["loss.kl.target=reward", "loss.kl.estimator=k1", "algorithm.advantage=dr_grpo",
                                 "algorithm.whitening=true", "learner.warmup_steps=0",
                                 "rollout.sampling.stop=['9']"]),
     "1x2-bypass-2_mini_batches": (1, 2, ["algorithm.old_logprobs=rollout", "loss.correction=null",
                                          "learner.mini_batch_size=16", "learner.micro_batch_size=4"]),
-    "2x2-gspo-icepop": (2, 2, ["loss.policy=gspo", "loss.correction.mode=icepop", "loss.correction.low=0.5",
-                               "rollout.dtype=bfloat16"]),
+    "2x2-gspo-icepop-fsdp": (2, 2, ["loss.policy=gspo", "loss.correction.mode=icepop", "loss.correction.low=0.5",
+                                    "rollout.dtype=bfloat16", "learner.strategy=fsdp",
+                                    "learner.max_tokens_per_micro_batch=48"]),
 }
 
 
@@ -239,6 +241,8 @@ def test_topologies_train_end_to_end(ray_session, tmp_path, rollout_actors, lear
     if cfg.rollout.dtype == "bfloat16":  # against the fp32 learner: a mismatch the correction sees
         # (fp32 engines: |mismatch_kl| ~2e-8; bf16 ones: ~1e-4)
         assert max(abs(h["correction/mismatch_kl"]) for h in history) > 1e-6
+    if cfg.learner.strategy.type == "fsdp":  # every learner wrote its shards; learner 0 the gathered HF policy
+        assert len(list((run_dir / "checkpoints" / "step_000002" / "policy" / "shards").glob("shard-*"))) == 2
     if cfg.learner.mini_batch_size:
         assert history[-1]["learner/optimizer_steps"] == 2 * cfg.global_batch_size // cfg.mini_batch_size
 
