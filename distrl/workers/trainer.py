@@ -110,11 +110,12 @@ class Trainer:
             if not torch.isfinite(loss):
                 nonfinite_loss = 1.0
             loss.backward()
-            tokens = float(micro.response_mask.sum())
-            if tokens > 0 or not parts:  # an empty micro-batch (lockstep, or all responses empty) measured nothing
-                parts.append(figs)
-                part_tokens.append(tokens)
-        figs = merge(parts, part_tokens)
+            parts.append(figs)
+            part_tokens.append(float(micro.response_mask.sum()))
+        # A micro-batch without response tokens (added for lockstep, or all its responses empty) measured nothing:
+        # its means are 0 / 0.
+        measured = [i for i, tokens in enumerate(part_tokens) if tokens > 0] or list(range(len(parts)))
+        figs = merge([parts[i] for i in measured], [part_tokens[i] for i in measured])
         self.strategy.reduce_grads(self.params)
         sums = [key for key, fig in figs.items() if fig.merge is Merge.SUM]
         reduced = dist.all_reduce_(torch.tensor([nonfinite_loss, *(figs[k].value for k in sums)],
