@@ -91,3 +91,33 @@ def test_a_sharded_checkpoint_holds_an_hf_policy_and_no_pickle_and_loads_into_a_
     hf = AutoModelForCausalLM.from_pretrained(path / "policy" / "model")
     for name, tensor in hf.state_dict().items():
         torch.testing.assert_close(tensor, result[name], rtol=0, atol=0, msg=name)
+
+
+# ------------------------------------------------------------------------------------------------------- critic
+def critic_scenario(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
+    """Two critics sharding the value model (a fresh head on the policy's files): values, two updates, values."""
+    from test_critic import batch as critic_batch
+    from test_critic import make_critic, with_values
+
+    critic = make_critic(model_dir, strategy=FSDPStrategy(), micro_batch_size=2)
+    critic.connect("127.0.0.1", port, rank, world)
+    shard = critic_batch().shard(world, 8)[rank]
+    before = critic.values(shard.sequences)
+    losses = [values(critic.update(with_values(critic, shard)))["critic/value_loss"] for _ in range(UPDATES)]
+    return {"before": before, "after": critic.values(shard.sequences), "losses": torch.tensor(losses)}
+
+
+def test_two_sharded_critics_train_as_one_replicated_critic(tiny_model_dir, tmp_path):
+    from test_critic import batch as critic_batch
+    from test_critic import make_critic, with_values
+
+    result = _spawn("test_learner_fsdp:critic_scenario", tiny_model_dir, tmp_path)
+    single = make_critic(tiny_model_dir, micro_batch_size=2)
+    data = critic_batch()
+    before = single.values(data.sequences)
+    losses = [values(single.update(with_values(single, data)))["critic/value_loss"] for _ in range(UPDATES)]
+    after = single.values(data.sequences)
+    # The head the sharded critics initialised is the replica's (same seed), and training moves both alike.
+    torch.testing.assert_close(result["before"], before[:4], rtol=0, atol=1e-6)  # learner 0: rows 0-3
+    torch.testing.assert_close(result["losses"], torch.tensor(losses), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(result["after"], after[:4], rtol=0, atol=1e-4)

@@ -167,9 +167,9 @@ class Config(Section):
         if self.cluster.backend == "local" and critics > 1:
             errors.append(f"cluster.backend 'local' runs one critic in the driver's process; "
                           f"cluster.critic.num_actors is {critics}")
-        if self.critic.strategy.type != "replicate":
-            errors.append("critic.strategy 'fsdp' is not supported yet: the critic's value model is replicated "
-                          "(shard the policy with learner.strategy)")
+        if self.cluster.backend == "local" and self.critic.strategy.type == "fsdp":
+            errors.append("critic.strategy 'fsdp' shards the value model over the critics' process group, which "
+                          "cluster.backend 'local' does not have; use cluster.backend 'ray'")
         return errors
 
     def unplaceable(self, have: float, what: str, resource: str) -> str | None:

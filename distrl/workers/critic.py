@@ -13,28 +13,57 @@ import torch
 
 from distrl import checkpoint
 from distrl.algo import masked_mean, value_loss
-from distrl.config import CriticConfig, ModelConfig
+from distrl.config import CriticConfig, FSDPStrategy, ModelConfig
 from distrl.merging import Figure, Figures, Merge
 from distrl.types import Sequences, TrainBatch
-from distrl.workers import dist
+from distrl.workers import dist, sharding
 from distrl.workers.device import granted_device
-from distrl.workers.model import resolve_model_path
-from distrl.workers.strategy import Replicated
+from distrl.workers.model import DTYPES, resolve_model_path
+from distrl.workers.sharding.load import init_fresh
+from distrl.workers.strategy import make_strategy
 from distrl.workers.trainer import Counts, Trainer
 
+HEADS = ("score", "classifier")
+"""Where transformers' token-classification models keep their head (Llama, Qwen2: `score`)."""
 
-def load_value_model(model: ModelConfig, path: str | None, device: str) -> torch.nn.Module:
-    """A token-classification model with one output (`num_labels=1`) from `path` (null: the policy's `model.path`),
-    float32 on `device`, eval mode (the trainer switches it to train). Its classifier dropout is off (as verl's
-    critic): the values the update fits must be the ones GAE used, not a noisy draw of them."""
-    from transformers import AutoConfig, AutoModelForTokenClassification
+
+def value_model_config(model: ModelConfig, path: str | None):
+    """(directory, HF config) of the value model: a token-classification model with one output (`num_labels=1`)
+    from `path` (null: the policy's `model.path`). Its classifier dropout is off (as verl's critic): the values the
+    update fits must be the ones GAE used, not a noisy draw of them."""
+    from transformers import AutoConfig
 
     where = resolve_model_path(model, path)
     config = AutoConfig.from_pretrained(where, num_labels=1, trust_remote_code=model.trust_remote_code)
     config.classifier_dropout = 0.0
-    loaded: torch.nn.Module = AutoModelForTokenClassification.from_pretrained(
-        where, config=config, dtype=torch.float32, trust_remote_code=model.trust_remote_code)
+    return where, config
+
+
+def load_value_model(model: ModelConfig, path: str | None, device: str, seed: int) -> torch.nn.Module:
+    """The value model (`value_model_config`), float32 on `device`, eval mode (the trainer switches it to train).
+    A head the files lack is initialised from `seed` (`sharding.load.init_fresh`, as the sharded build does)."""
+    from transformers import AutoModelForTokenClassification
+
+    where, config = value_model_config(model, path)
+    loaded, info = AutoModelForTokenClassification.from_pretrained(
+        where, config=config, dtype=torch.float32, trust_remote_code=model.trust_remote_code,
+        output_loading_info=True)
+    for head in HEADS:
+        if any(key.startswith(head + ".") for key in info["missing_keys"]):
+            init_fresh(loaded, loaded.get_submodule(head), seed)
     return loaded.to(device).eval()
+
+
+def load_sharded_value_model(model: ModelConfig, path: str | None, device: str, seed: int,
+                             cfg: CriticConfig) -> torch.nn.Module:
+    """The value model sharded over the critics' group (`critic.strategy: fsdp`), built on the meta device."""
+    from transformers import AutoModelForTokenClassification
+
+    where, config = value_model_config(model, path)
+    assert isinstance(cfg.strategy, FSDPStrategy)
+    return sharding.load_sharded(AutoModelForTokenClassification, config, where, sharding.learner_mesh(device),
+                                 compute_dtype=DTYPES[cfg.dtype], cpu_offload=cfg.strategy.cpu_offload,
+                                 trust_remote_code=model.trust_remote_code, seed=seed, fresh_if_missing=HEADS)
 
 
 def response_values(model: torch.nn.Module, batch: Sequences) -> torch.Tensor:
@@ -48,22 +77,31 @@ def response_values(model: torch.nn.Module, batch: Sequences) -> torch.Tensor:
 
 
 class Critic:
-    """Trains the value model. With M critics, each holds a full replica and receives 1/M of every mini-batch."""
+    """Trains the value model. With M critics, each receives 1/M of every mini-batch and holds a full replica
+    (`critic.strategy: replicate`) or 1/M of the model (`fsdp`)."""
 
     def __init__(self, model: ModelConfig, cfg: CriticConfig, *, mini_batch_size: int, total_optimizer_steps: int,
                  seed: int, num_gpus: float = 0.0):
-        torch.manual_seed(seed)  # the fresh value head's initialisation
-        self.cfg = cfg
+        self.cfg, self.model_cfg, self.seed = cfg, model, seed
+        self.mini_batch_size, self.total_optimizer_steps = mini_batch_size, total_optimizer_steps
         self.device = granted_device(num_gpus, "critic")
-        self.model = load_value_model(model, cfg.path, self.device)
-        # Replicated only: config refuses critic.strategy fsdp (the sharded build reads causal LMs).
-        self.trainer = Trainer(self.model, cfg, total_optimizer_steps, self.device, mini_batch_size,
-                               Replicated(cfg, self.device), role="critic")
+        self.strategy = make_strategy(cfg, self.device)
+        if not self.strategy.sharded:  # a sharded model is built once the critics' group is joined (connect)
+            self._build(load_value_model(model, cfg.path, self.device, seed))
+
+    def _build(self, value_model: torch.nn.Module) -> None:
+        self.model = value_model
+        self.trainer = Trainer(self.model, self.cfg, self.total_optimizer_steps, self.device, self.mini_batch_size,
+                               self.strategy, role="critic")
 
     # ------------------------------------------------------------------------------------------ data parallelism
     def connect(self, master_addr: str, master_port: int, rank: int, world_size: int) -> str:
-        """Join the critics' own process group; returns the backend (gloo on CPU, NCCL on GPU)."""
-        return dist.init_process_group(master_addr, master_port, rank, world_size, self.device)
+        """Join the critics' own process group (and build a sharded value model over it); returns the backend (gloo
+        on CPU, NCCL on GPU)."""
+        backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device)
+        if self.strategy.sharded:
+            self._build(load_sharded_value_model(self.model_cfg, self.cfg.path, self.device, self.seed, self.cfg))
+        return backend
 
     def free_port(self, host: str) -> int:
         """A free TCP port on `host` (this actor's node): the rendezvous of the critics' group."""

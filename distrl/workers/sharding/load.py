@@ -11,10 +11,12 @@ What the files do not hold is rebuilt here: non-persistent buffers (rotary `inv_
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from distrl.workers.sharding.wrap import shard
 
@@ -34,28 +36,61 @@ def aliases(model: torch.nn.Module) -> dict[str, str]:
 def load_sharded_causal_lm(path: str | Path, mesh: DeviceMesh, *, compute_dtype: torch.dtype = torch.float32,
                            cpu_offload: bool = False, trust_remote_code: bool = False) -> torch.nn.Module:
     """The HF model in `path`, float32 master weights, sharded over `mesh` by `shard`, in eval mode."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageReader
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    with torch.device("meta"):
-        model: torch.nn.Module = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
-                                                                  trust_remote_code=trust_remote_code)
-    shard(model, mesh, compute_dtype=compute_dtype, cpu_offload=cpu_offload)
-    model.to_empty(device="cpu" if cpu_offload else mesh.device_type)
-    _init_non_persistent_buffers(model)
+    return load_sharded(AutoModelForCausalLM, config, path, mesh, compute_dtype=compute_dtype,
+                        cpu_offload=cpu_offload, trust_remote_code=trust_remote_code)
+
+
+def load_sharded(auto_class, config, path: str | Path, mesh: DeviceMesh, *, compute_dtype: torch.dtype = torch.float32,
+                 cpu_offload: bool = False, trust_remote_code: bool = False, seed: int | None = None,
+                 fresh_if_missing: tuple[str, ...] = ()) -> torch.nn.Module:
+    """`auto_class` (an HF auto class) built from `config` on the meta device, sharded over `mesh` by `shard`, its
+    weights read from the files in `path`, float32, eval mode.
+
+    A top-level module named in `fresh_if_missing` whose tensors the files lack (a value head on a policy's files)
+    is initialised instead, as `init_fresh` does on an unsharded model: the same values on every rank and in a
+    replica made with the same `seed`."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
 
     reader = HuggingFaceStorageReader(str(path))
     in_files = set(reader.read_metadata().state_dict_metadata)
+    with torch.device("meta"):
+        model: torch.nn.Module = auto_class.from_config(config, dtype=torch.float32,
+                                                        trust_remote_code=trust_remote_code)
+    fresh = {name: copy.deepcopy(model.get_submodule(name)) for name in fresh_if_missing
+             if hasattr(model, name) and not any(k.startswith(name + ".") for k in in_files)}
+    shard(model, mesh, compute_dtype=compute_dtype, cpu_offload=cpu_offload)
+    model.to_empty(device="cpu" if cpu_offload else mesh.device_type)
+    _init_non_persistent_buffers(model)
+    for name, meta_module in fresh.items():
+        full = init_fresh(model, meta_module.to_empty(device="cpu"), seed)
+        for param_name, param in full.named_parameters():
+            target = model.get_parameter(f"{name}.{param_name}")
+            value: torch.Tensor = param.detach()
+            if isinstance(target, DTensor):  # each rank keeps its shard of the same full tensor
+                value = distribute_tensor(value, target.device_mesh, target.placements)
+            with torch.no_grad():
+                target.copy_(value.to(target.device))
     tied = aliases(model)
-    state = {name: tensor for name, tensor in model.state_dict().items() if name not in tied}
+    state = {name: tensor for name, tensor in model.state_dict().items()
+             if name not in tied and name.split(".")[0] not in fresh}
     missing = sorted(set(state) - in_files)
     if missing:
         raise ValueError(f"model.path {path}: the safetensors files lack {missing[:5]} "
                          f"({len(missing)} tensors of {type(model).__name__})")
     dcp.load(state, storage_reader=reader)  # fills every local shard in place
     return model.eval()
+
+
+def init_fresh(model: torch.nn.Module, module: torch.nn.Module, seed: int | None) -> torch.nn.Module:
+    """`module` (unsharded, on the CPU) initialised by `model`'s own `_init_weights`, from `seed` when given."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    model._init_weights(module)  # type: ignore[operator]  # PreTrainedModel's, typed loosely as a Module
+    return module
 
 
 def _init_non_persistent_buffers(model: torch.nn.Module) -> None:
