@@ -233,6 +233,15 @@ def test_actor_threads_follow_reserved_cpus_unless_set():
     assert actor_env("reference", c)["OMP_NUM_THREADS"] == "1"  # fractional: one thread
     learner = actor_env("learner", c)
     assert learner["OMP_NUM_THREADS"] == "2" and learner["TOKENIZERS_PARALLELISM"] == "true"  # actor_env wins
+    assert "MALLOC_MMAP_THRESHOLD_" not in learner
+
+
+def test_sharded_learners_on_the_cpu_return_freed_large_blocks_to_the_system():
+    tree = {"model": {"path": "m"}, "data": {"path": "d"}, "learner": {"strategy": "fsdp"}}
+    assert actor_env("learner", config.from_dict(tree))["MALLOC_MMAP_THRESHOLD_"] == str(2**20)
+    assert "MALLOC_MMAP_THRESHOLD_" not in actor_env("rollout", config.from_dict(tree))
+    on_gpus = config.from_dict({**tree, "cluster": {"learner": {"num_gpus": 1}}})
+    assert "MALLOC_MMAP_THRESHOLD_" not in actor_env("learner", on_gpus)
 
 
 
