@@ -386,21 +386,25 @@ def save_checkpoint(job: Job) -> Path:
 
 
 def check_shared_run_dir(run: RunDir, roles: Roles) -> None:
-    """Learner 0 (and critic 0) write the checkpoints on their nodes and the driver resumes from them: refuse to
-    train unless each sees the run directory the driver made (its config.yaml, byte for byte)."""
+    """Every learner (and critic) may write checkpoint files on its node (sharded ones each write their shards) and
+    the driver resumes from them: refuse to train unless each sees the run directory the driver made (its
+    config.yaml, byte for byte)."""
     config = run.path / "config.yaml"
-    writers: list[tuple[str, ActorGroup, Any]] = [("learner", roles.learner, Learner.seen_digest)]
+    writers: list[tuple[ActorGroup, Any]] = [(roles.learner, Learner.seen_digest)]
     if roles.critic is not None:
-        writers.append(("critic", roles.critic, Critic.seen_digest))
-    for who, group, seen_digest in ((f"{role} 0", g, f) for role, g, f in writers):
-        seen = roles.backend.answer(group.call(0, seen_digest, str(config)), f"{group.name(0)}'s read of {config}",
+        writers.append((roles.critic, Critic.seen_digest))
+    for group, seen_digest in writers:
+        seen = roles.backend.answer(group.map(seen_digest, str(config)), f"the {group.role}s' read of {config}",
                                     run.cfg.cluster.call_timeout_s)
-        if seen != checkpoint.seen_digest(config):
-            raise preflight.PreflightError([
-                f"run.output_dir: {who} does not see the run directory {run.path} that the driver made (its "
-                f"config.yaml is {'missing' if seen is None else 'different'} on {who}'s node), so the driver "
-                f"could not resume from the checkpoints {who} writes. Put run.output_dir on storage that the driver "
-                f"and every learner and critic mount at the same path (NFS, a Kubernetes PVC: see deploy/)"])
+        for i, digest in enumerate(seen):
+            if digest != checkpoint.seen_digest(config):
+                who = group.name(i)
+                raise preflight.PreflightError([
+                    f"run.output_dir: {who} does not see the run directory {run.path} that the driver made (its "
+                    f"config.yaml is {'missing' if digest is None else 'different'} on {who}'s node), so the driver "
+                    f"could not resume from the checkpoints {who} writes. Put run.output_dir on storage that the "
+                    f"driver and every learner and critic mount at the same path (NFS, a Kubernetes PVC: see "
+                    f"deploy/)"])
 
 
 def resume_point(run: RunDir) -> Path | None:

@@ -164,3 +164,10 @@ def _unions(model: type[Section], path: tuple[str, ...] = ()) -> dict[tuple[str,
 
 def test_the_variants_registry_lists_every_union_of_the_tree():
     assert {path: set(v.classes.values()) for path, v in VARIANTS.items()} == _unions(config.Config)
+
+
+def test_a_moved_field_is_named_in_the_section_it_was_written_in():
+    base = {"model": {"path": "m"}, "data": {"path": "d"}, "algorithm": {"advantage": "gae"}}
+    with pytest.raises(config.ConfigError, match=r"critic\.min_lr_ratio is now critic\.lr_schedule\.min_lr_ratio.*"
+                                                  r"`critic\.lr_schedule: \{type: cosine, min_lr_ratio: 0\.1\}`"):
+        config.from_dict({**base, "critic": {"min_lr_ratio": 0.1}})

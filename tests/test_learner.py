@@ -244,3 +244,12 @@ def test_proximal_logprobs_come_back_in_row_order_under_a_token_budget(tiny_mode
     expected = learner.logprobs(ragged_batch().sequences)
     learner.update(ragged_batch())
     assert torch.allclose(learner.proximal_logprobs(), expected, atol=1e-6)
+
+
+def test_a_checkpoint_is_resumed_only_with_the_strategy_that_wrote_it(tiny_model_dir, tmp_path, monkeypatch):
+    path = save(make_learner(tiny_model_dir), tmp_path / "step_000001", 1)
+    resumed = make_learner(tiny_model_dir)
+    monkeypatch.setattr(resumed.strategy, "name", "fsdp")  # as a learner of a run with learner.strategy fsdp
+    with pytest.raises(RuntimeError, match=r"written by learners with learner\.strategy 'replicate', and this run "
+                                           r"has 'fsdp'"):
+        resumed.load_checkpoint(str(path / "policy"), 1)

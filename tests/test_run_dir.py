@@ -187,18 +187,20 @@ def test_the_run_directory_is_absolute_whatever_the_working_directory(tmp_path, 
 
 
 @pytest.mark.parametrize("seen", ["missing", "different", "same"])
-def test_training_needs_learner_0_to_see_the_drivers_run_directory(tmp_path, seen):
-    """The driver resumes from what learner 0 writes: storage not shared between them is refused at the start."""
+def test_training_needs_every_learner_to_see_the_drivers_run_directory(tmp_path, seen):
+    """The driver resumes from what the learners write (sharded ones each their shards): storage not shared with
+    any of them is refused at the start, naming it."""
     run = RunDir(cfg(tmp_path))
-    digest = {"missing": None, "different": "0" * 64, "same": checkpoint.seen_digest(run.path / "config.yaml")}
+    same = checkpoint.seen_digest(run.path / "config.yaml")
+    digest = {"missing": None, "different": "0" * 64, "same": same}
     roles = SimpleNamespace(backend=SimpleNamespace(answer=lambda value, what, timeout_s: value),
-                            learner=SimpleNamespace(call=lambda i, method, path: digest[seen],
-                                                    name=lambda i: "learner-0"), critic=None)
+                            learner=SimpleNamespace(map=lambda method, path: [same, digest[seen]], role="learner",
+                                                    name=lambda i: f"learner-{i}"), critic=None)
     if seen == "same":
         check_shared_run_dir(run, roles)
     else:
-        with pytest.raises(PreflightError, match=rf"run\.output_dir: learner 0 does not see the run directory "
-                                                 rf"{run.path} .*config\.yaml is {seen} on learner 0's node"):
+        with pytest.raises(PreflightError, match=rf"run\.output_dir: learner-1 does not see the run directory "
+                                                 rf"{run.path} .*config\.yaml is {seen} on learner-1's node"):
             check_shared_run_dir(run, roles)
     run.close()
 

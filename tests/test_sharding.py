@@ -260,7 +260,8 @@ def test_decoder_layers_come_from_no_split_modules(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert decoder_layer_classes(model) == (LlamaDecoderLayer,)
     model._no_split_modules = []
-    with pytest.raises(ValueError, match=r"learner\.strategy 'fsdp'.*_no_split_modules"):
+    with pytest.raises(ValueError, match=r"strategy 'fsdp' \(learner\.strategy or critic\.strategy\).*"
+                                         r"_no_split_modules"):
         decoder_layer_classes(model)
 
 

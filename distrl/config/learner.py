@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -48,6 +48,7 @@ Strategy = Annotated[ReplicateStrategy | FSDPStrategy, Field(discriminator="type
 
 
 class LearnerConfig(Section):
+    SECTION: ClassVar[str] = "learner"
     strategy: Strategy = Field(default_factory=ReplicateStrategy)
     """How the learners hold the model: `replicate` (a full copy each) or `fsdp` (sharded, with optional
     `cpu_offload`)."""
@@ -85,14 +86,17 @@ class LearnerConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _moved(cls, data: Any) -> Any:
-        return refuse_moved(data, "learner", {
-            "min_lr_ratio": "learner.lr_schedule.min_lr_ratio, a field of the cosine schedule only: write "
-                            "`learner.lr_schedule: {{type: cosine, min_lr_ratio: {value}}}`"})
+        section = cls.SECTION
+        return refuse_moved(data, section, {
+            "min_lr_ratio": f"{section}.lr_schedule.min_lr_ratio, a field of the cosine schedule only: write "
+                            f"`{section}.lr_schedule: {{{{type: cosine, min_lr_ratio: {{value}}}}}}`"})
 
 
 class CriticConfig(LearnerConfig):
     """The value model of `algorithm.advantage: gae`, trained on the same batches as the policy with the clipped
     value loss. Its optimisation settings are the learner's (same fields, same meaning, its own values)."""
+
+    SECTION: ClassVar[str] = "critic"
 
     path: str | None = None
     """Value model: null = the policy's model (`model.path`) with a fresh scalar value head, initialised from

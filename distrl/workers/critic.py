@@ -63,7 +63,8 @@ def load_sharded_value_model(model: ModelConfig, path: str | None, device: str, 
     assert isinstance(cfg.strategy, FSDPStrategy)
     return sharding.load_sharded(AutoModelForTokenClassification, config, where, sharding.learner_mesh(device),
                                  compute_dtype=DTYPES[cfg.dtype], cpu_offload=cfg.strategy.cpu_offload,
-                                 trust_remote_code=model.trust_remote_code, seed=seed, fresh_if_missing=HEADS)
+                                 trust_remote_code=model.trust_remote_code, seed=seed, fresh_if_missing=HEADS,
+                                 field="critic.path" if path else "model.path")
 
 
 def response_values(model: torch.nn.Module, batch: Sequences) -> torch.Tensor:
@@ -118,9 +119,15 @@ class Critic:
         gradient: `[B, T]` float32 on CPU, 0 on padding."""
         self.model.eval()
         try:
-            with self.trainer.autocast:
-                seqs = sequences.to(self.device)
-                out = torch.cat([response_values(self.model, mb) for mb in seqs.chunks(self.cfg.micro_batch_size)])
+            seqs = sequences.to(self.device)
+            out = torch.zeros(seqs.response_mask.shape, dtype=torch.float32, device=seqs.response_mask.device)
+            with self.trainer.autocast:  # micro-batches as the update forms them (token budget, lockstep)
+                for rows in self.trainer.micro_batches(seqs):
+                    # An empty group (lockstep) still makes its forward pass, a collective when sharded: on row 0.
+                    index = torch.tensor(rows or [0], dtype=torch.long, device=out.device)
+                    v = response_values(self.model, seqs.select(index))
+                    if rows:
+                        out[index] = v
             return out.masked_fill(seqs.response_mask == 0, 0.0).cpu()
         finally:
             self.model.train()

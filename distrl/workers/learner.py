@@ -14,7 +14,6 @@ from distrl import checkpoint
 from distrl.algo import LossInputs, compute_loss
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
 from distrl.merging import Figures
-from distrl.micro_batches import micro_batches
 from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist, export, fingerprint, nccl
 from distrl.workers.device import granted_device
@@ -70,11 +69,10 @@ class Learner:
         try:
             with self.trainer.autocast:
                 seqs = sequences.to(self.device)
-                lengths = seqs.attention_mask.sum(-1).tolist()
-                count = len(micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch))
+                count = len(self.trainer.micro_batches(seqs))  # in lockstep with the other learners
                 t = self.temperature if temperature is None else temperature
                 return score_in_micro_batches(self.model, seqs, t, self.cfg.micro_batch_size,
-                                              self.cfg.max_tokens_per_micro_batch, self.strategy.lockstep(count))
+                                              self.cfg.max_tokens_per_micro_batch, count)
         finally:
             self.model.train()
 

@@ -34,6 +34,7 @@ SHARDS = "shards"
 class Replicated:
     """Every learner holds the whole model and optimizer; gradients are all-reduced (summed)."""
 
+    name = "replicate"
     sharded = False
 
     def __init__(self, cfg: LearnerConfig, device: str):
@@ -70,9 +71,10 @@ class Replicated:
             full = {**state, "optimizer": optimizer.state_dict(), **({} if hf_model else {"model": model.state_dict()})}
             checkpoint.write_trainer(directory, model if hf_model else None, full)
 
-    def load(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Load what `save` wrote into `model` and `optimizer`; returns the rest of the state."""
-        state = checkpoint.load_trainer_state(directory)
+    def load(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             state: dict[str, Any]) -> dict[str, Any]:
+        """Load what `save` wrote in `directory` (its trainer state read: `state`) into `model` and `optimizer`;
+        returns the rest of the state."""
         if "model" in state:
             model.load_state_dict(state.pop("model"))
         else:
@@ -85,6 +87,7 @@ class Sharded(Replicated):
     """FSDP2 over the learners' process group: parameters, gradients and AdamW state sharded (see
     `distrl.workers.sharding`)."""
 
+    name = "fsdp"
     sharded = True
 
     def __init__(self, cfg: LearnerConfig, device: str):
@@ -130,8 +133,8 @@ class Sharded(Replicated):
             checkpoint.write_trainer(directory, None, state)
         torch.distributed.barrier()
 
-    def load(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        state = checkpoint.load_trainer_state(directory)
+    def load(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             state: dict[str, Any]) -> dict[str, Any]:
         sharding.load(Path(directory) / SHARDS, model, optimizer)
         return state
 

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
+from distrl import checkpoint
 from distrl.config import LearnerConfig
 from distrl.merging import Figure, Figures, Merge, merge, over_steps
 from distrl.micro_batches import micro_batches
-from distrl.types import TrainBatch
+from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist
 from distrl.workers.optim import build_optimizer
 from distrl.workers.strategy import Replicated
@@ -102,7 +103,7 @@ class Trainer:
         parts: list[Figures] = []
         part_tokens: list[float] = []
         nonfinite_loss = 0.0
-        self.micro_rows = self.micro_batches(mini)
+        self.micro_rows = self.micro_batches(mini.sequences)
         for rows in self.micro_rows:
             micro = mini.select(torch.tensor(rows, dtype=torch.long, device=mask.device))
             with self.autocast:
@@ -134,11 +135,11 @@ class Trainer:
         figs[f"{self.role}/grad_norm"] = Figure(grad_norm, Merge.MEAN)
         return figs
 
-    def micro_batches(self, mini: TrainBatch) -> list[list[int]]:
-        """Row groups of `mini`, one per forward/backward pass (`distrl.micro_batches`: by the token budget
+    def micro_batches(self, sequences: Sequences) -> list[list[int]]:
+        """Row groups of `sequences`, one per forward pass (`distrl.micro_batches`: by the token budget
         `max_tokens_per_micro_batch` when set, else `micro_batch_size` rows), as many as the strategy's lockstep
         asks. `step` keeps those of its last call in `micro_rows`, in the order the objective saw them."""
-        lengths = mini.sequences.attention_mask.sum(-1).tolist()
+        lengths = sequences.attention_mask.sum(-1).tolist()
         rows = micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
         need = self.strategy.lockstep(len(rows))
         return rows if need == len(rows) else micro_batches(lengths, self.cfg.micro_batch_size,
@@ -159,12 +160,19 @@ class Trainer:
         """Write this trainer's part of a checkpoint to `directory` (`Replicated.save` / `Sharded.save`): weights
         (in HF format with `hf_model`), optimizer, schedule and step counters. Every learner calls it."""
         state = {"scheduler": self.scheduler.state_dict(), "optimizer_steps": self.optimizer_steps,
-                 "skipped_steps": self.skipped_steps, "consecutive_nonfinite": self.consecutive_nonfinite}
+                 "skipped_steps": self.skipped_steps, "consecutive_nonfinite": self.consecutive_nonfinite,
+                 "strategy": self.strategy.name}
         self.strategy.save(directory, self.model, self.optimizer, state, hf_model)
 
     def load(self, directory: str) -> None:
         """Continue from the part `save` wrote in `directory`. Every learner calls it."""
-        state = self.strategy.load(directory, self.model, self.optimizer)
+        saved = checkpoint.load_trainer_state(directory)
+        if saved.get("strategy", "replicate") != self.strategy.name:
+            raise RuntimeError(
+                f"checkpoint {directory} was written by {self.role}s with {self.role}.strategy "
+                f"'{saved.get('strategy', 'replicate')}', and this run has '{self.strategy.name}': resume with the "
+                f"strategy it was written with (its policy is also in HF format under policy/model/ for a new run)")
+        state = self.strategy.load(directory, self.model, self.optimizer, saved)
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps, self.skipped_steps = state["optimizer_steps"], state["skipped_steps"]
         self.consecutive_nonfinite = state["consecutive_nonfinite"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -19,6 +20,8 @@ def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float) -> fl
     grads = [p.grad for p in params if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
     if isinstance(total, DTensor):
+        if total.device.type != total.device_mesh.device_type:  # CPU-offloaded gradients of a GPU mesh: NCCL reduces
+            total = cast(DTensor, total.to(total.device_mesh.device_type))  # only device tensors (as gather_bucket)
         total = total.full_tensor()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return float(total)

@@ -45,13 +45,13 @@ def load_sharded_causal_lm(path: str | Path, mesh: DeviceMesh, *, compute_dtype:
 
 def load_sharded(auto_class, config, path: str | Path, mesh: DeviceMesh, *, compute_dtype: torch.dtype = torch.float32,
                  cpu_offload: bool = False, trust_remote_code: bool = False, seed: int | None = None,
-                 fresh_if_missing: tuple[str, ...] = ()) -> torch.nn.Module:
+                 fresh_if_missing: tuple[str, ...] = (), field: str = "model.path") -> torch.nn.Module:
     """`auto_class` (an HF auto class) built from `config` on the meta device, sharded over `mesh` by `shard`, its
     weights read from the files in `path`, float32, eval mode.
 
     A top-level module named in `fresh_if_missing` whose tensors the files lack (a value head on a policy's files)
     is initialised instead, as `init_fresh` does on an unsharded model: the same values on every rank and in a
-    replica made with the same `seed`."""
+    replica made with the same `seed`. `field` names the config field of `path` in errors."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
@@ -79,7 +79,7 @@ def load_sharded(auto_class, config, path: str | Path, mesh: DeviceMesh, *, comp
              if name not in tied and name.split(".")[0] not in fresh}
     missing = sorted(set(state) - in_files)
     if missing:
-        raise ValueError(f"model.path {path}: the safetensors files lack {missing[:5]} "
+        raise ValueError(f"{field} {path}: the safetensors files lack {missing[:5]} "
                          f"({len(missing)} tensors of {type(model).__name__})")
     dcp.load(state, storage_reader=reader)  # fills every local shard in place
     return model.eval()

@@ -23,8 +23,9 @@ def decoder_layer_classes(model: torch.nn.Module) -> tuple[type[torch.nn.Module]
     names = set(getattr(model, "_no_split_modules", None) or ())
     found = tuple({type(m) for m in model.modules() if type(m).__name__ in names})
     if not found:
-        raise ValueError(f"learner.strategy 'fsdp': {type(model).__name__} names no decoder-layer class in "
-                         f"_no_split_modules ({sorted(names)}), so it cannot be sharded layer by layer")
+        raise ValueError(f"strategy 'fsdp' (learner.strategy or critic.strategy): {type(model).__name__} names no "
+                         f"decoder-layer class in _no_split_modules ({sorted(names)}), so it cannot be sharded layer "
+                         f"by layer")
     return found
 
 
