@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_learner import batch as policy_batch
 
 from distrl import checkpoint
 from distrl.config import CriticConfig, ModelConfig
 from distrl.merging import values
-from distrl.types import Sequences, TrainBatch
+from distrl.types import TrainBatch
 from distrl.workers.critic import Critic
 from distrl.workers.model import load_causal_lm
 
@@ -22,19 +23,11 @@ def make_critic(model_dir, seed: int = 0, **cfg) -> Critic:
 
 
 def batch(returns: float = 1.0) -> TrainBatch:
-    g = torch.Generator().manual_seed(0)
-    b, p, t = 8, 4, 6
-    ids = torch.randint(3, 200, (b, p + t), generator=g)
-    attention = torch.ones(b, p + t, dtype=torch.long)
-    attention[:2, :2] = 0  # left-padded prompts
-    mask = torch.ones(b, t)
-    mask[4:, 4:] = 0  # shorter responses
-    attention[4:, p + 4 :] = 0
-    seqs = Sequences(input_ids=ids, attention_mask=attention, response_mask=mask, rollout_logprobs=torch.zeros(b, t),
-                     policy_version=torch.zeros(b, dtype=torch.long))
-    ret = torch.linspace(-1, 1, b)[:, None].expand(b, t).contiguous() * returns * mask
-    return TrainBatch(seqs, old_logprobs=None, advantages=torch.zeros(b, t), ref_logprobs=None,
-                      old_values=torch.zeros(b, t), returns=ret)
+    """The learner tests' batch (ragged prompts and responses) with returns from -1 to +1 by row and no values yet."""
+    data = policy_batch()
+    ret = torch.linspace(-1, 1, data.batch_size)[:, None] * returns * data.response_mask
+    return replace(data, old_logprobs=None, advantages=torch.zeros_like(ret), old_values=torch.zeros_like(ret),
+                   returns=ret.contiguous())
 
 
 def with_values(critic: Critic, data: TrainBatch) -> TrainBatch:

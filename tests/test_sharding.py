@@ -77,7 +77,8 @@ def adamw(model) -> torch.optim.Optimizer:
 
 def full_weights(model) -> dict[str, torch.Tensor]:
     """The float32 state dict, gathered bucket by bucket (small buckets: several gathers); rank 0 only."""
-    from distrl.workers.sharding import gather_bucket, weight_specs
+    from distrl.workers.export import specs as weight_specs
+    from distrl.workers.sharding import gather_bucket
 
     out: dict[str, torch.Tensor] = {}
     for spec in weight_specs(model, 64 * 2**10, torch.float32):
@@ -269,7 +270,8 @@ def test_weight_buckets_and_hf_export_of_an_unsharded_model(tiny_model_dir, tmp_
     """One process, no group: the same functions serve a plain model (rank 0 is this process)."""
     from transformers import AutoModelForCausalLM
 
-    from distrl.workers.sharding import save_hf, weight_specs
+    from distrl.workers.export import specs as weight_specs
+    from distrl.workers.sharding import save_hf
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     vocab, hidden = model.config.vocab_size, model.config.hidden_size

@@ -106,11 +106,7 @@ class Critic:
 
     def free_port(self, host: str) -> int:
         """A free TCP port on `host` (this actor's node): the rendezvous of the critics' group."""
-        import socket
-
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return s.getsockname()[1]
+        return dist.free_port(host)
 
     # ------------------------------------------------------------------------------------------------- scoring
     @torch.no_grad()

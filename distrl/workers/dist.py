@@ -23,6 +23,15 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def free_port(host: str) -> int:
+    """A free TCP port on `host` (the calling actor's node): the rendezvous of a process group."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def rank() -> int:
     """This learner's rank in the group (0 without one)."""
     return dist.get_rank() if dist.is_initialized() else 0

@@ -24,9 +24,10 @@ def exported(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     yield from model.state_dict().items()
 
 
-def specs(model: torch.nn.Module, bucket_bytes: int, dtype: str) -> list[Spec]:
-    """Bucket layout of `exported(model)`: buckets of about `bucket_bytes` in `dtype` (a bigger tensor alone)."""
-    item = torch.empty((), dtype=DTYPES[dtype]).element_size()
+def specs(model: torch.nn.Module, bucket_bytes: int, dtype: str | torch.dtype) -> list[Spec]:
+    """Bucket layout of `exported(model)`: buckets of about `bucket_bytes` in `dtype` (a bigger tensor alone). Sharded
+    tensors count by their full shapes, so every learner gets the same layout without communication."""
+    item = torch.empty((), dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype).element_size()
     layout: list[Spec] = [[]]
     size = 0
     for name, tensor in exported(model):

@@ -147,11 +147,7 @@ class Learner:
     def free_port(self, host: str) -> int:
         """A free TCP port on `host` (this actor's node): the rendezvous of the learners' group and of the NCCL
         weight world."""
-        import socket
-
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return s.getsockname()[1]
+        return dist.free_port(host)
 
     def nccl_connect(self, host: str, port: int, world_size: int) -> None:
         self._nccl = nccl.make_communicator(host, port, 0, world_size)

@@ -8,7 +8,7 @@ head), so a learner holds ~1/M of the parameter + gradient + optimizer bytes of 
 - `load`: `load_sharded_causal_lm` (and `load_sharded`, any HF auto class, e.g. the critic's value model) builds on
   the meta device and each rank reads only its slices of the HF files.
 - `grads`: `clip_grad_norm_`, the replica's global norm over sharded or plain gradients.
-- `export`: `weight_specs` / `gather_bucket` (weight sync, bucket by bucket, every rank taking part) and
+- `export`: `gather_bucket` (weight sync, bucket by bucket, every rank taking part) and
   `save_hf` (an HF folder that transformers and vLLM load).
 - `state`: `save` / `load` of model + optimizer with torch.distributed.checkpoint, each rank writing its shards.
 
@@ -16,11 +16,11 @@ Every function here that touches sharded tensors is a collective: every rank of 
 order, with the same arguments.
 """
 
-from distrl.workers.sharding.export import gather_bucket, save_hf, weight_specs
+from distrl.workers.sharding.export import gather_bucket, save_hf
 from distrl.workers.sharding.grads import clip_grad_norm_
 from distrl.workers.sharding.load import load_sharded, load_sharded_causal_lm
 from distrl.workers.sharding.state import load, save
 from distrl.workers.sharding.wrap import decoder_layer_classes, learner_mesh, shard, sync_gradients
 
 __all__ = ["clip_grad_norm_", "decoder_layer_classes", "gather_bucket", "learner_mesh", "load",
-           "load_sharded", "load_sharded_causal_lm", "save", "save_hf", "shard", "sync_gradients", "weight_specs"]
+           "load_sharded", "load_sharded_causal_lm", "save", "save_hf", "shard", "sync_gradients"]

@@ -1,7 +1,7 @@
 """Weight export from a sharded model: full tensors, bucket by bucket, every rank taking part.
 
-`weight_specs` lays the HF state dict out in buckets of about `bucket_bytes` in the export dtype; `gather_bucket`
-all-gathers one bucket's tensors (a collective: every rank calls it with the same bucket) and returns them, cast
+The bucket layout is `distrl.workers.export.specs` (full shapes, no communication); `gather_bucket` all-gathers
+one bucket's tensors (a collective: every rank calls it with the same bucket) and returns them, cast
 and on CPU, on rank 0 only. No rank ever holds more than one gathered bucket. The state dict's names are the HF
 checkpoint's: FSDP2 does not rename parameters, and a tied LM head appears under both names, as vLLM expects.
 
@@ -19,26 +19,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from distrl.workers import export
+from distrl.workers.export import Spec
 from distrl.workers.sharding.load import aliases
-
-Spec = list[tuple[str, tuple[int, ...]]]
-"""One bucket: (HF name, full shape) of each tensor, in state-dict order."""
-
-
-def weight_specs(model: torch.nn.Module, bucket_bytes: int, dtype: torch.dtype) -> list[Spec]:
-    """Buckets of about `bucket_bytes` in `dtype` (a bigger tensor gets a bucket of its own); every rank gets the
-    same layout, computed from the full shapes without communication."""
-    item = torch.empty((), dtype=dtype).element_size()
-    specs: list[Spec] = [[]]
-    size = 0
-    for name, tensor in model.state_dict().items():
-        nbytes = tensor.numel() * item
-        if specs[-1] and size + nbytes > bucket_bytes:
-            specs.append([])
-            size = 0
-        specs[-1].append((name, tuple(tensor.shape)))
-        size += nbytes
-    return specs
 
 
 @torch.no_grad()
@@ -68,7 +51,7 @@ def save_hf(model: torch.nn.Module, directory: str | Path, dtype: torch.dtype = 
     out = Path(directory)
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     tied = aliases(model)
-    specs = [[(n, s) for n, s in spec if n not in tied] for spec in weight_specs(model, bucket_bytes, dtype)]
+    specs = [[(n, s) for n, s in spec if n not in tied] for spec in export.specs(model, bucket_bytes, dtype)]
     specs = [spec for spec in specs if spec]
     weight_map: dict[str, str] = {}
     total = 0
