@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+from hypothesis import strategies as st
 
 from distrl.algo import LossInputs
 
@@ -40,3 +43,15 @@ def rows(inputs: LossInputs, index: slice, **normalisers) -> LossInputs:
                       advantages=sl(inputs.advantages), mask=sl(inputs.mask),
                       rollout_logprobs=sl(inputs.rollout_logprobs), ref_logprobs=sl(inputs.ref_logprobs),
                       entropy=sl(inputs.entropy), **normalisers)
+
+
+@st.composite
+def padded_batch(draw):
+    """(lengths, T, a fill per input tensor for the padding: NaN, +-inf, +-1e30, ..., a seed) for property tests that
+    padding cannot change a loss."""
+    b, t = draw(st.integers(1, 4)), draw(st.integers(1, 6))
+    lengths = draw(st.lists(st.integers(0, t), min_size=b, max_size=b))
+    garbage = st.sampled_from([math.nan, math.inf, -math.inf, 1e30, -1e30, 0.0, 50.0, -50.0])
+    fills = {name: draw(garbage) for name in ("logprobs", "old_logprobs", "advantages", "rollout_logprobs",
+                                              "ref_logprobs", "entropy")}
+    return lengths, t, fills, draw(st.integers(0, 2**16))

@@ -13,7 +13,7 @@ from distrl.algo import LossInputs, compute_loss, reference_loss
 from distrl.config import LossConfig
 from distrl.merging import Merge
 
-from .helpers import random_inputs
+from .helpers import padded_batch, random_inputs
 
 LENGTHS = [7, 2, 5, 0, 8, 3, 8, 1]
 POLICY_AGGREGATIONS = [("ppo", a) for a in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
@@ -86,18 +86,8 @@ def test_fused_equals_reference(policy, aggregation, correction, kl):
                              global_counts=global_counts), cfg)
 
 
-@st.composite
-def _padded_batch(draw):
-    b, t = draw(st.integers(1, 4)), draw(st.integers(1, 6))
-    lengths = draw(st.lists(st.integers(0, t), min_size=b, max_size=b))
-    garbage = st.sampled_from([math.nan, math.inf, -math.inf, 1e30, -1e30, 0.0, 50.0, -50.0])
-    fills = {name: draw(garbage) for name in ("logprobs", "old_logprobs", "advantages", "rollout_logprobs",
-                                              "ref_logprobs", "entropy")}
-    return lengths, t, fills, draw(st.integers(0, 2**16))
-
-
 @settings(max_examples=150, deadline=None)
-@given(_padded_batch(), st.sampled_from(POLICY_AGGREGATIONS), st.sampled_from(list(CORRECTIONS.values())),
+@given(padded_batch(), st.sampled_from(POLICY_AGGREGATIONS), st.sampled_from(list(CORRECTIONS.values())),
        st.sampled_from(["k1", "k2", "k3", "k3+"]), st.sampled_from([None, 2.0]))
 def test_fused_equals_reference_with_garbage_in_padding(batch, policy_aggregation, correction, estimator, dual_clip):
     lengths, t, fills, seed = batch

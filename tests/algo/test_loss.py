@@ -20,7 +20,7 @@ from distrl.config import (
 )
 from distrl.merging import values
 
-from .helpers import ragged_mask, random_inputs, rows
+from .helpers import padded_batch, ragged_mask, random_inputs, rows
 
 AGGREGATIONS = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
 
@@ -164,18 +164,8 @@ def test_local_normalisers_would_not_sum_up(policy):
     assert shards != pytest.approx(compute_loss(full, cfg).loss.item(), rel=1e-3)
 
 
-@st.composite
-def _padded_batch(draw):
-    b, t = draw(st.integers(1, 4)), draw(st.integers(1, 6))
-    lengths = draw(st.lists(st.integers(0, t), min_size=b, max_size=b))
-    garbage = st.sampled_from([math.nan, math.inf, -math.inf, 1e30, -1e30, 0.0, 50.0, -50.0])
-    fills = {name: draw(garbage) for name in ("logprobs", "old_logprobs", "advantages", "rollout_logprobs",
-                                              "ref_logprobs", "entropy")}
-    return lengths, t, fills, draw(st.integers(0, 2**16))
-
-
 @settings(max_examples=60, deadline=None)
-@given(_padded_batch(), st.sampled_from(POLICIES), st.sampled_from([*CORRECTIONS, None]),
+@given(padded_batch(), st.sampled_from(POLICIES), st.sampled_from([*CORRECTIONS, None]),
        st.sampled_from(["k1", "k2", "k3", "k3+"]))
 def test_padding_content_never_matters(batch, policy, correction, estimator):
     lengths, t, fills, seed = batch
