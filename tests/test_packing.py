@@ -1,12 +1,14 @@
-"""The packed forward pass (`distrl.workers.model.response_logprobs`) equals the padded one to float32 tolerance,
-in log-probs, entropies and gradients, for the tiny Llama and a tiny Qwen2 (tied embeddings, QKV bias, grouped-query
-attention); scoring by a token budget gives the rows back in order."""
+"""The packed forward pass (`distrl.workers.model.response_logprobs`, one row of real tokens, attention kept within
+each sequence by `PACKED_ATTENTION`) equals the padded one to float32 tolerance, in log-probs, entropies and
+gradients, for the tiny Llama and a tiny Qwen2 (tied embeddings, QKV bias, grouped-query attention); scoring by a
+token budget gives the rows back in order."""
 
 import pytest
 import torch
 
 from distrl.types import Sequences
 from distrl.workers.model import padded_response_logprobs, response_logprobs, score_in_micro_batches
+from distrl.workers.packed_attention import PACKED_ATTENTION, sequence_bounds
 
 
 def tiny_qwen2():
@@ -15,7 +17,7 @@ def tiny_qwen2():
 
     config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                         max_position_embeddings=512, dtype="float32")
+                         max_position_embeddings=512, dtype="float32", attn_implementation=PACKED_ATTENTION)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():
@@ -23,15 +25,15 @@ def tiny_qwen2():
             if name.endswith("bias"):
                 param.normal_(0.0, 0.5)
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == PACKED_ATTENTION
     return model
 
 
 def tiny_llama(model_dir):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    assert model.config._attn_implementation == "sdpa"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=PACKED_ATTENTION)
+    assert model.config._attn_implementation == PACKED_ATTENTION
     return model
 
 
@@ -119,19 +121,68 @@ def test_scoring_by_a_token_budget_keeps_row_order(model, max_tokens):
     assert torch.allclose(scored, whole, atol=2e-5, rtol=0)
 
 
-def test_the_pack_is_as_wide_as_the_longest_sequence():
-    from distrl.workers.model import _packed_layout
+def test_the_pack_is_one_row_of_the_real_tokens(tiny_model_dir):
+    from distrl.workers.model import packed_layout
 
-    # Real lengths 14 5 19 5 7 (prompt + response of BATCH); width 19. First-fit decreasing into rows of 19:
-    # 19 (r2) -> row 0; 14 (r0) -> row 1; 7 (r4) -> row 2; 5 (r1) -> row 1 (19); 5 (r3) -> row 2 (12).
+    # Real lengths 14 5 19 5 7 (prompt + response of BATCH), side by side in batch order: 50 tokens, no filler.
     seqs = ragged(*BATCH)
-    ids, positions, predicts, response = _packed_layout(seqs)
-    assert ids.shape == positions.shape == (3, 19)
-    assert positions[1].tolist() == [*range(14), *range(5)]
-    assert positions[2].tolist() == [*range(5), *range(7), *[0] * 7]  # filler: position 0, each its own sequence
-    real = seqs.attention_mask.bool()
-    assert ids[1, :14].tolist() == seqs.input_ids[0][real[0]].tolist()
-    # Batch row 0 starts pack row 1 (flat index 19); its 5 prompt tokens sit at 19..23, and the last of them
-    # predicts its first response token: the first of the K positions is 19 + 5 - 1 = 23.
+    ids, positions, predicts, response = packed_layout(tiny_llama(tiny_model_dir), seqs)
+    assert ids.shape == positions.shape == (1, 50)
+    assert positions[0].tolist() == [*range(14), *range(5), *range(19), *range(5), *range(7)]
+    assert ids[0].tolist() == seqs.input_ids[seqs.attention_mask.bool()].tolist()
+    assert sequence_bounds(positions[0]) == [(0, 14), (14, 19), (19, 38), (38, 43), (43, 50)]
+    # Row 0's 5 prompt tokens sit at 0..4, and the last of them predicts its first response token: K starts at 4.
+    # Row 1 (prompt 2, response 3) starts at 14: its predicting positions are 15, 16, 17.
     assert predicts.shape == (int(response.sum()),)
-    assert predicts[0].item() == 19 + 5 - 1
+    assert predicts[:12].tolist() == [*range(4, 13), 15, 16, 17]
+
+
+def test_sequence_bounds_follow_the_restarts_of_the_positions():
+    assert sequence_bounds(torch.tensor([0, 1, 2, 0, 1, 0, 0, 1])) == [(0, 3), (3, 5), (5, 6), (6, 8)]
+    assert sequence_bounds(torch.tensor([3, 4, 5])) == [(0, 3)]  # one sequence that starts late
+    assert sequence_bounds(torch.tensor([0])) == [(0, 1)]
+
+
+def test_packing_refuses_a_model_whose_attention_would_mix_the_sequences(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)  # sdpa
+    with pytest.raises(ValueError, match="does not keep apart: load it with attn_implementation='distrl_packed'"):
+        response_logprobs(model, ragged(*BATCH), 1.0)
+
+
+def test_a_packed_model_runs_padded_batches_and_plain_rows_as_sdpa(tiny_model_dir):
+    """The packed implementation is sdpa wherever a mask is given or each row is one sequence."""
+    from transformers import AutoModelForCausalLM
+
+    sdpa = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    seqs = ragged(*BATCH)
+    with torch.no_grad():
+        packed_model = tiny_llama(tiny_model_dir)
+        assert torch.equal(padded_response_logprobs(packed_model, seqs, 1.0)[0],
+                           padded_response_logprobs(sdpa, seqs, 1.0)[0])
+        ids = seqs.input_ids[:, :6]
+        assert torch.equal(packed_model(input_ids=ids).logits, sdpa(input_ids=ids).logits)
+
+
+def test_packed_values_equal_padded(tiny_model_dir):
+    """The critic's packed values equal a padded forward pass of the same value model, read at position P - 1 + t
+    of each row (positions counted from its first real token), on every real response token; 0 on padding."""
+    from transformers import AutoModelForTokenClassification
+
+    from distrl.workers.critic import response_values
+
+    torch.manual_seed(0)
+    model = AutoModelForTokenClassification.from_pretrained(tiny_model_dir, num_labels=1, dtype=torch.float32,
+                                                            attn_implementation=PACKED_ATTENTION)
+    seqs = ragged(*BATCH)
+    p, t = seqs.prompt_len, seqs.response_len
+    with torch.no_grad():
+        positions = (seqs.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        padded = model(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask,
+                       position_ids=positions).logits[:, p - 1 : p - 1 + t, 0]
+        packed = response_values(model, seqs)
+        empty = response_values(model, seqs.select(torch.tensor([], dtype=torch.long)))
+    real = seqs.attention_mask[:, p:].bool()
+    assert torch.allclose(packed[real], padded[real], atol=2e-5, rtol=0) and padded[real].std() > 0.01
+    assert not packed[~real].any() and empty.shape == (0, t)

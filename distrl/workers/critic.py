@@ -18,7 +18,8 @@ from distrl.merging import Figure, Figures, Merge
 from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist, sharding
 from distrl.workers.device import granted_device
-from distrl.workers.model import DTYPES, resolve_model_path
+from distrl.workers.model import DTYPES, packed_layout, resolve_model_path, unpack
+from distrl.workers.packed_attention import PACKED_ATTENTION
 from distrl.workers.sharding.load import init_fresh
 from distrl.workers.strategy import make_strategy
 from distrl.workers.trainer import Counts, Trainer
@@ -47,7 +48,7 @@ def load_value_model(model: ModelConfig, path: str | None, device: str, seed: in
     where, config = value_model_config(model, path)
     loaded, info = AutoModelForTokenClassification.from_pretrained(
         where, config=config, dtype=torch.float32, trust_remote_code=model.trust_remote_code,
-        output_loading_info=True)
+        attn_implementation=PACKED_ATTENTION, output_loading_info=True)
     for head in HEADS:
         if any(key.startswith(head + ".") for key in info["missing_keys"]):
             init_fresh(loaded, loaded.get_submodule(head), seed)
@@ -64,17 +65,18 @@ def load_sharded_value_model(model: ModelConfig, path: str | None, device: str, 
     return sharding.load_sharded(AutoModelForTokenClassification, config, where, sharding.learner_mesh(device),
                                  compute_dtype=DTYPES[cfg.dtype], cpu_offload=cfg.strategy.cpu_offload,
                                  trust_remote_code=model.trust_remote_code, seed=seed, fresh_if_missing=HEADS,
-                                 field="critic.path" if path else "model.path")
+                                 field="critic.path" if path else "model.path",
+                                 attn_implementation=PACKED_ATTENTION)
 
 
 def response_values(model: torch.nn.Module, batch: Sequences) -> torch.Tensor:
-    """Values of the response positions `[B, T]` float32: V_t is read at sequence position P - 1 + t, the state
-    before response token t is emitted (where the policy's logits for token t are). Positions count from the first
-    real token, as in `distrl.workers.model.response_logprobs`, so left padding does not shift them."""
-    p, t = batch.prompt_len, batch.response_len
-    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids)
-    return out.logits[:, p - 1 : p - 1 + t, 0].float()
+    """Values of the response tokens `[B, T]` float32, 0 on padding: V_t is read at the position before response
+    token t (where the policy's logits for token t are), the state before it is emitted. One packed forward pass,
+    as `distrl.workers.model.response_logprobs` (no padding reaches the model); zero rows give `[0, T]`, still
+    connected to the graph."""
+    ids, position_ids, predicts, response = packed_layout(model, batch)
+    values = model(input_ids=ids, position_ids=position_ids).logits[0, :, 0]
+    return unpack(values[predicts].float(), response)
 
 
 class Critic:
@@ -119,11 +121,9 @@ class Critic:
             out = torch.zeros(seqs.response_mask.shape, dtype=torch.float32, device=seqs.response_mask.device)
             with self.trainer.autocast:  # micro-batches as the update forms them (token budget, lockstep)
                 for rows in self.trainer.micro_batches(seqs):
-                    # An empty group (lockstep) still makes its forward pass, a collective when sharded: on row 0.
-                    index = torch.tensor(rows or [0], dtype=torch.long, device=out.device)
-                    v = response_values(self.model, seqs.select(index))
-                    if rows:
-                        out[index] = v
+                    # An empty group (lockstep) still makes its forward pass, a collective when sharded.
+                    index = torch.tensor(rows, dtype=torch.long, device=out.device)
+                    out[index] = response_values(self.model, seqs.select(index))
             return out.masked_fill(seqs.response_mask == 0, 0.0).cpu()
         finally:
             self.model.train()

@@ -3,8 +3,9 @@
 The forward pass returns the log-probs of the response tokens of `Sequences` after temperature scaling (the
 same scaling vLLM applied when sampling), computed by `distrl.algo.token_logprobs` so the `[B, T, V]` float32
 log-softmax is never materialised. It runs on the sequences packed into one row, without padding
-(`response_logprobs`); `padded_response_logprobs` is the padded forward pass it replaced, kept as the reference
-that packing is tested against and the baseline of `bench/bench_learner_step.py`.
+(`response_logprobs`), so the model's attention must keep them apart: models are loaded with distrl's
+`PACKED_ATTENTION`. `padded_response_logprobs` is the padded forward pass it replaced, kept as the reference that
+packing is tested against and the baseline of `bench/bench_learner_step.py`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from pathlib import Path
 import torch
 
 from distrl.config import ModelConfig
-from distrl.micro_batches import micro_batches, token_budget
+from distrl.micro_batches import micro_batches
 from distrl.types import Sequences
+from distrl.workers.packed_attention import PACKED_ATTENTION
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -47,12 +49,14 @@ def load_tokenizer(cfg: ModelConfig):
 
 
 def load_causal_lm(cfg: ModelConfig, dtype: str, path: str | None = None, device: str | torch.device = "cpu"):
-    """An HF causal LM in `dtype` on `device`, in train mode off (callers switch it on)."""
+    """An HF causal LM in `dtype` on `device`, in train mode off (callers switch it on), whose attention keeps
+    packed sequences apart (`PACKED_ATTENTION`)."""
     from transformers import AutoModelForCausalLM
 
     # Typed as a Module: transformers wraps PreTrainedModel.to with functools.wraps, which mypy cannot bind.
     model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(cfg, path), dtype=DTYPES[dtype], trust_remote_code=cfg.trust_remote_code
+        resolve_model_path(cfg, path), dtype=DTYPES[dtype], trust_remote_code=cfg.trust_remote_code,
+        attn_implementation=PACKED_ATTENTION,
     )
     return model.to(device).eval()
 
@@ -80,15 +84,20 @@ def padded_response_logprobs(model, batch: Sequences, temperature: float, with_e
     return logprobs, entropy
 
 
-def _packed_layout(batch: Sequences) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where the real tokens of `batch` go in a pack `[R, W]`: W is the longest sequence (real tokens), and the
-    sequences are placed in R rows of at most W tokens by first-fit decreasing; the rest of a row is filler.
+def packed_layout(model, batch: Sequences) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The real tokens of `batch` side by side in one row, in the row-major order of the padded batch, for
+    `model`, whose attention must keep the sequences of the row apart (`PACKED_ATTENTION`; refused otherwise).
 
-    Returns `ids [R, W]` and `position_ids [R, W]` (0 at each sequence's first real token and on every filler
-    token, so each filler token is a sequence of its own), `predicts [K]` (flat indices into `[R * W]` of the K
-    positions whose next token is a real response token, in the row-major order of the padded batch) and
-    `response [B, T]` bool (those K response tokens in the padded layout).
+    Returns `ids [1, N]` and `position_ids [1, N]` (restarting at 0 at each sequence's first real token),
+    `predicts [K]` (indices into the N tokens of the K positions whose next token is a real response token, in
+    the row-major order of the padded batch) and `response [B, T]` bool (those K response tokens in the padded
+    layout). With no real token at all the row is one filler token, so that the model still runs.
     """
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if attention != PACKED_ATTENTION:  # any other attention would let the packed sequences see each other
+        raise ValueError(f"a packed forward pass puts many sequences in one row, which the model's attention "
+                         f"({attention!r}) does not keep apart: load it with attn_implementation="
+                         f"{PACKED_ATTENTION!r} (distrl.workers.model.load_causal_lm does)")
     real = batch.attention_mask.bool()
     p = batch.prompt_len
     if p == 0:
@@ -99,52 +108,41 @@ def _packed_layout(batch: Sequences) -> tuple[torch.Tensor, torch.Tensor, torch.
     predicts[:, p - 1 : -1] = response & real[:, p - 1 : -1]
     if int(predicts.sum()) != int(response.sum()):
         raise ValueError("Sequences: a response token follows padding (every sequence needs a real prompt token)")
-    lengths = real.sum(-1).tolist()
-    width = max([1, *lengths])
-    start = [0] * len(lengths)  # flat index of each sequence's first token in the pack
-    rows = token_budget(lengths, width)
-    for r, group in enumerate(rows):
-        offset = r * width
-        for i in group:
-            start[i], offset = offset, offset + lengths[i]
     rank = real.long().cumsum(-1) - 1  # position of each real token in its own sequence
-    flat = (torch.tensor(start, dtype=torch.long, device=real.device)[:, None] + rank)[real]
-    shape = (max(len(rows), 1), width)  # zero rows: one filler token, so that the model still runs
-    ids = batch.input_ids.new_zeros(shape).view(-1).index_put_((flat,), batch.input_ids[real])
-    position_ids = rank.new_zeros(shape).view(-1).index_put_((flat,), rank[real])
-    return ids.view(shape), position_ids.view(shape), flat[predicts[real]], response
+    ids, position_ids = batch.input_ids[real], rank[real]
+    if ids.numel() == 0:
+        ids, position_ids = ids.new_zeros(1), position_ids.new_zeros(1)
+    return ids[None], position_ids[None], predicts[real].nonzero().view(-1), response
 
 
 def response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False):
     """Log-probs of the response tokens under `model`: `[B, T]` float32, 0 on padding (and entropies `[B, T]` if
     asked), from one packed forward pass.
 
-    The real tokens of the B rows are packed into R rows as wide as the longest sequence (`_packed_layout`), with
-    `position_ids` restarting at 0 per sequence and no attention mask: transformers 5.19 (`masking_utils.
-    find_packed_sequence_indices`) then reads each restart of the positions as a new sequence and builds a
-    block-diagonal causal mask, so every token attends only to its own sequence, exactly as in the padded batch.
-    Rows as wide as the longest sequence, rather than one row of all N tokens, keep the dense sdpa mask's
-    attention cost at about N x W instead of N^2. Logits are made only at the K positions that predict a response
-    token (a hook hands the LM head just those hidden states, through the model's own forward, so sharding hooks
-    on the root still run), so no `[N, V]` logits exist, and `token_logprobs` never makes a float32 log-softmax
-    of them. Zero rows run the model on one token and return `[0, T]` outputs still connected to the graph (see
-    `distrl.micro_batches`).
+    The real tokens of the B rows are packed into one row of N tokens (`packed_layout`), with `position_ids`
+    restarting at 0 per sequence and no attention mask. The model's attention (`PACKED_ATTENTION`, set when it is
+    loaded) reads each restart as a new sequence and attends within it, so every token sees exactly what it sees in
+    the padded batch; no padding token reaches a linear layer and attention costs the sum of the squared lengths.
+    Logits are made only at the K positions that predict a response token (a hook hands the LM head just those
+    hidden states, through the model's own forward, so sharding hooks on the root still run), so no `[N, V]`
+    logits exist, and `token_logprobs` never makes a float32 log-softmax of them. Zero rows run the model on one
+    token and return `[0, T]` outputs still connected to the graph (see `distrl.micro_batches`).
     """
     from distrl.algo import entropy_from_logits, token_logprobs
 
-    ids, position_ids, predicts, response = _packed_layout(batch)
+    ids, position_ids, predicts, response = packed_layout(model, batch)
     targets = ids.view(-1)[predicts + 1]
     logits = _logits_at(model, ids, position_ids, predicts)
     if predicts.numel() == 0:  # no response token: empty outputs that still lead back through the model
-        empty = _unpack(logits.float().sum(-1), response)
+        empty = unpack(logits.float().sum(-1), response)
         return empty, empty if with_entropy else None
-    logprobs = _unpack(token_logprobs(logits, targets, temperature=temperature), response)
-    entropy = _unpack(entropy_from_logits(logits, temperature=temperature), response) if with_entropy else None
+    logprobs = unpack(token_logprobs(logits, targets, temperature=temperature), response)
+    entropy = unpack(entropy_from_logits(logits, temperature=temperature), response) if with_entropy else None
     return logprobs, entropy
 
 
 def _logits_at(model, ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Logits `[K, V]` of the pack `ids [R, W]` at the flat positions `keep [K]`."""
+    """Logits `[K, V]` of the packed row `ids [1, N]` at the positions `keep [K]`."""
     kwargs = dict(input_ids=ids, position_ids=position_ids, use_cache=False)
     if not hasattr(model, "get_decoder"):
         return model(**kwargs).logits.flatten(0, 1)[keep]
@@ -161,7 +159,7 @@ def _logits_at(model, ids: torch.Tensor, position_ids: torch.Tensor, keep: torch
         handle.remove()
 
 
-def _unpack(values: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
+def unpack(values: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
     """`[K]` values of the response tokens into the padded layout `[B, T]`, 0 elsewhere (differentiable)."""
     return values.new_zeros(response.shape).masked_scatter(response, values)
 

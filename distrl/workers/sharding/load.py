@@ -35,23 +35,29 @@ def aliases(model: torch.nn.Module) -> dict[str, str]:
 
 def load_sharded_causal_lm(path: str | Path, mesh: DeviceMesh, *, compute_dtype: torch.dtype = torch.float32,
                            cpu_offload: bool = False, trust_remote_code: bool = False) -> torch.nn.Module:
-    """The HF model in `path`, float32 master weights, sharded over `mesh` by `shard`, in eval mode."""
+    """The HF model in `path`, float32 master weights, sharded over `mesh` by `shard`, in eval mode, whose
+    attention keeps packed sequences apart (`PACKED_ATTENTION`, as `distrl.workers.model.load_causal_lm`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from distrl.workers.packed_attention import PACKED_ATTENTION
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     return load_sharded(AutoModelForCausalLM, config, path, mesh, compute_dtype=compute_dtype,
-                        cpu_offload=cpu_offload, trust_remote_code=trust_remote_code)
+                        cpu_offload=cpu_offload, trust_remote_code=trust_remote_code,
+                        attn_implementation=PACKED_ATTENTION)
 
 
 def load_sharded(auto_class, config, path: str | Path, mesh: DeviceMesh, *, compute_dtype: torch.dtype = torch.float32,
                  cpu_offload: bool = False, trust_remote_code: bool = False, seed: int | None = None,
-                 fresh_if_missing: tuple[str, ...] = (), field: str = "model.path") -> torch.nn.Module:
+                 fresh_if_missing: tuple[str, ...] = (), field: str = "model.path",
+                 attn_implementation: str | None = None) -> torch.nn.Module:
     """`auto_class` (an HF auto class) built from `config` on the meta device, sharded over `mesh` by `shard`, its
     weights read from the files in `path`, float32, eval mode.
 
     A top-level module named in `fresh_if_missing` whose tensors the files lack (a value head on a policy's files)
     is initialised instead, as `init_fresh` does on an unsharded model: the same values on every rank and in a
-    replica made with the same `seed`. `field` names the config field of `path` in errors."""
+    replica made with the same `seed`. `field` names the config field of `path` in errors; `attn_implementation`
+    is transformers' (its default when None)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
@@ -59,7 +65,8 @@ def load_sharded(auto_class, config, path: str | Path, mesh: DeviceMesh, *, comp
     in_files = set(reader.read_metadata().state_dict_metadata)
     with torch.device("meta"):
         model: torch.nn.Module = auto_class.from_config(config, dtype=torch.float32,
-                                                        trust_remote_code=trust_remote_code)
+                                                        trust_remote_code=trust_remote_code,
+                                                        attn_implementation=attn_implementation)
     fresh = {name: copy.deepcopy(model.get_submodule(name)) for name in fresh_if_missing
              if hasattr(model, name) and not any(k.startswith(name + ".") for k in in_files)}
     shard(model, mesh, compute_dtype=compute_dtype, cpu_offload=cpu_offload)
