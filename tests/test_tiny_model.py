@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -116,3 +118,32 @@ def test_qwen2_has_the_features_of_the_models_users_train(tmp_path, tiny_model_d
         make_tiny_model(tmp_path / "odd", arch="qwen2", num_heads=3)
     with pytest.raises(ValueError, match="tiny model architecture 'gpt2': expected one of llama, qwen2"):
         make_tiny_model(tmp_path / "other", arch="gpt2")
+
+
+def test_a_tiny_model_being_built_is_not_read_before_it_is_complete(tmp_path, monkeypatch):
+    """Actors that start at once all ask for the model: one builds it and the others wait for it, even when they
+    look while its config.json exists but is still being written (seen as an empty config.json in a 2 x 2 run)."""
+    import threading
+    import time
+
+    from distrl.config import ModelConfig
+    from distrl.workers import tiny_model
+    from distrl.workers.model import resolve_model_path
+
+    writing = threading.Event()
+
+    def slow_build(path):
+        (Path(path)).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "config.json").write_text("")
+        writing.set()
+        time.sleep(0.5)
+        (Path(path) / "config.json").write_text("{}")
+
+    monkeypatch.setattr(tiny_model, "make_tiny_model", slow_build)
+    cfg = ModelConfig(path=str(tmp_path / "model"), create_tiny_if_missing=True)
+    builder = threading.Thread(target=resolve_model_path, args=(cfg,))
+    builder.start()
+    assert writing.wait(10)
+    resolve_model_path(cfg)
+    assert (tmp_path / "model" / "config.json").read_text() == "{}"
+    builder.join()

@@ -26,13 +26,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_model_path(cfg: ModelConfig, path: str | None = None) -> str:
     """The model location to load; builds the tiny test model first when the config asks for it and it is absent."""
     path = path or cfg.path
-    if cfg.create_tiny_if_missing and not (Path(path) / "config.json").exists():
+    if cfg.create_tiny_if_missing:
         from filelock import FileLock
 
         from distrl.workers.tiny_model import make_tiny_model
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(Path(path)) + ".lock"):  # several actors on one node may ask at once
+        # Always under the lock, even to look: config.json is the first file the build writes, so a look without
+        # the lock could see it while another actor is still writing it (and read an empty file).
+        with FileLock(str(Path(path)) + ".lock"):
             if not (Path(path) / "config.json").exists():
                 make_tiny_model(path)
     return path
