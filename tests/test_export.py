@@ -36,3 +36,25 @@ def test_buckets_hold_about_the_bytes_asked_and_every_tensor_once():
     name, shape = layout[0][0]
     assert tuple(bucket[name].shape) == shape
     assert torch.equal(bucket[name], model.state_dict()[name].to(torch.bfloat16))
+
+
+def test_a_bucket_pickles_its_tensors_out_of_band_and_comes_back_equal():
+    """Each tensor travels as one out-of-band buffer (the object store maps it instead of copying it), and comes
+    back with its dtype, shape and bits, bfloat16 and 0-dim included; the rebuilt tensors are views of the buffers."""
+    import pickle
+
+    model = tied_qwen2()
+    spec = export.specs(model, bucket_bytes=1 << 20, dtype="bfloat16")[0]
+    sent = export.Bucket(export.bucket(model, spec, "bfloat16"))
+    sent["scalar"] = torch.tensor(3.5, dtype=torch.float32)
+    buffers: list = []
+    data = pickle.dumps(sent, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == len(sent) and len(data) < 4096  # the bytes are not in the pickle itself
+    received = pickle.loads(data, buffers=buffers)
+    assert isinstance(received, export.Bucket) and received.keys() == sent.keys()
+    for name, tensor in sent.items():
+        assert received[name].dtype == tensor.dtype and received[name].shape == tensor.shape
+        assert torch.equal(received[name].view(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)), name
+    raw = buffers[0].raw()
+    first = received[spec[0][0]]
+    assert first.data_ptr() == torch.frombuffer(raw, dtype=torch.uint8).data_ptr()  # no copy on the way in

@@ -9,6 +9,7 @@ fingerprint check failing on `lm_head.weight`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -44,3 +45,28 @@ def bucket(model: torch.nn.Module, spec: Spec, dtype: str, device: str = "cpu") 
     state = model.state_dict()
     with torch.no_grad():
         return {name: state[name].detach().to(device, DTYPES[dtype]).contiguous() for name, _ in spec}
+
+
+class Bucket(dict):
+    """A bucket of tensors `{HF name: tensor}` that pickles each tensor as its raw bytes, a uint8 NumPy view, which
+    pickle protocol 5 hands over out of band. Ray's object store then gives a reader those bytes mapped from its
+    shared memory: an engine that fetches a bucket holds no copy of it in its own memory, where a pickled torch
+    tensor is rebuilt through an in-band bytes copy and then a storage copy (two buckets of the engine's heap,
+    measured by `bench/bench_push_memory.py`). In one process it is a plain dict.
+
+    The rebuilt tensors are read-only views of that memory: the engines only copy them into their weights."""
+
+    def __reduce_ex__(self, protocol):
+        return _rebuild_bucket, ([(name, _raw_bytes(t), str(t.dtype).removeprefix("torch."), tuple(t.shape))
+                                  for name, t in self.items()],)
+
+
+def _raw_bytes(tensor: torch.Tensor):
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def _rebuild_bucket(items: list) -> Bucket:
+    with warnings.catch_warnings():  # the object store's buffers are read-only, and so are these tensors
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return Bucket({name: torch.from_numpy(raw).view(getattr(torch, dtype)).reshape(shape)
+                       for name, raw, dtype, shape in items})

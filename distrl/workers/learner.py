@@ -129,10 +129,10 @@ class Learner:
         """Bucket layout of the exported weights: buckets of about `bucket_bytes` in `dtype`, (name, shape) each."""
         return export.specs(self.model, bucket_bytes, dtype)
 
-    def weight_bucket(self, spec: export.Spec, dtype: str) -> dict[str, torch.Tensor]:
+    def weight_bucket(self, spec: export.Spec, dtype: str) -> export.Bucket:
         """One bucket of `weight_specs`: its HF-named weights, cast to the rollout dtype, on CPU (learner 0; the
-        others return an empty bucket)."""
-        return self.strategy.bucket(self.model, spec, dtype)
+        others return an empty bucket), pickled as raw bytes (`export.Bucket`: engines map it, not copy it)."""
+        return export.Bucket(self.strategy.bucket(self.model, spec, dtype))
 
     def weights_fingerprint(self, dtype: str) -> Fingerprint:
         """Fingerprint of the exported weights as sent (cast to the rollout `dtype`), for the engines to check
