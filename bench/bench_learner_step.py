@@ -3,7 +3,10 @@ whose responses vary 4x in length, padded forward passes in fixed micro-batches 
 budget, interleaved in one run.
 
     python bench/bench_learner_step.py [--hidden 512 --layers 8] [--batch 64] [--response 32 128] [--prompt 16 48]
-                                       [--micro 32] [--max-tokens 2048] [--rounds 3]
+                                       [--skew 1] [--micro 32] [--max-tokens 2048] [--rounds 3]
+
+Response lengths are `lo + (hi - lo) * u ** skew` for u uniform on [0, 1]: `--skew 1` spreads them evenly over the
+range, `--skew 2` makes most responses short and a few long (mean a third of the way up), as RL responses often are.
 
 "padded" is the forward pass distrl ran before packing (`padded_response_logprobs`, swapped in for
 `response_logprobs`) with `micro_batch_size` rows per micro-batch, as in the quickstart config; "packed" is
@@ -34,11 +37,14 @@ from distrl.workers.reference import ReferenceWorker
 from distrl.workers.tiny_model import make_tiny_model
 
 
-def mixed_batch(b: int, prompt: tuple[int, int], response: tuple[int, int], vocab: int, seed: int) -> TrainBatch:
-    """`b` rows, prompt and response lengths drawn uniformly from the given ranges (left/right padded)."""
+def mixed_batch(b: int, prompt: tuple[int, int], response: tuple[int, int], vocab: int, seed: int,
+                skew: float = 1.0) -> TrainBatch:
+    """`b` rows, prompt lengths uniform over `prompt`, response lengths `lo + (hi - lo) * u ** skew` over
+    `response` (left/right padded)."""
     g = torch.Generator().manual_seed(seed)
     prompt_lens = torch.randint(prompt[0], prompt[1] + 1, (b,), generator=g).tolist()
-    response_lens = torch.randint(response[0], response[1] + 1, (b,), generator=g).tolist()
+    u = torch.rand(b, generator=g, dtype=torch.float64) ** skew
+    response_lens = (response[0] + (response[1] - response[0]) * u).round().long().tolist()
     p, t = max(prompt_lens), max(response_lens)
     attention = torch.zeros(b, p + t, dtype=torch.long)
     for i, (pl, rl) in enumerate(zip(prompt_lens, response_lens, strict=True)):
@@ -86,6 +92,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--prompt", type=int, nargs=2, default=(16, 48))
     ap.add_argument("--response", type=int, nargs=2, default=(32, 128))
+    ap.add_argument("--skew", type=float, default=1.0, help="1: response lengths uniform; 2: most short")
     ap.add_argument("--micro", type=int, default=32, help="micro_batch_size of the padded runs")
     ap.add_argument("--max-tokens", type=int, default=2048, help="max_tokens_per_micro_batch of the packed runs")
     ap.add_argument("--rounds", type=int, default=3)
@@ -103,11 +110,11 @@ def main() -> None:
         roles[name] = (ReferenceWorker(ReferenceConfig(**micro), model, temperature=1.0), learner)
     n_params = sum(p.numel() for p in roles["packed"][1].model.parameters())
     batch = mixed_batch(args.batch, args.prompt, args.response, len(roles["packed"][1].model.get_input_embeddings()
-                                                                    .weight), seed=0)
+                                                                    .weight), seed=0, skew=args.skew)
     real = int(batch.sequences.attention_mask.sum())
     print(f"model: hidden {args.hidden}, layers {args.layers}, {n_params / 1e6:.1f}M parameters, float32, "
           f"{torch.get_num_threads()} threads; batch {args.batch} rows, prompts {args.prompt[0]}-{args.prompt[1]} "
-          f"and responses {args.response[0]}-{args.response[1]} tokens: {real} real tokens in "
+          f"and responses {args.response[0]}-{args.response[1]} tokens (skew {args.skew:g}): {real} real tokens in "
           f"{batch.sequences.input_ids.numel()} padded ({batch.sequences.input_ids.numel() / real:.2f}x)")
     print(f"padded: micro_batch_size {args.micro}; packed: max_tokens_per_micro_batch {args.max_tokens}")
     timed_step(*roles["packed"], batch)  # warm-up (allocator, first-call costs), not counted

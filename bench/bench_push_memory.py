@@ -1,6 +1,8 @@
-"""An engine's memory during a weight push: streamed bucket by bucket (distrl's push) against the whole model
-received before the reload (the push as it was: every bucket a top-level argument of the load, which Ray resolves
-before the call).
+"""An engine's memory during a weight push: distrl's push (streamed bucket by bucket, each bucket read in place from
+the object store: `export.Bucket`) against the push as it was (every bucket a top-level argument of the load, which
+Ray resolves before the call, its tensors pickled as torch pickles them), against streaming with torch's pickling,
+and against vLLM reloading the same weights from its own files, where nothing is received: the engine's own cost of
+a reload, which any way of updating its weights in place pays.
 
     python bench/bench_push_memory.py [--arch llama|qwen2] [--hidden 512 --layers 8] [--bucket-mb 4] [--rounds 3]
 
@@ -9,7 +11,7 @@ object-store weight sync, verification off so that only the load is measured). A
 reads its anonymous resident memory (`RssAnon` of /proc/self/status: heap and anonymous mappings, which is where
 received tensors live; the object store's shared memory, mapped by every reader, is not counted) every millisecond
 from just before a push until it is loaded. Prints, per push, the steady state before it, the peak during it, and
-the peak's excess over the steady state in MB, in bucket sizes and in model sizes; the two kinds of push alternate.
+the peak's excess over the steady state in MB, in bucket sizes and in model sizes; the four kinds alternate.
 glibc's malloc is told to serve every allocation of 64 KiB or more with its own mapping (MALLOC_MMAP_THRESHOLD_),
 so freed tensors leave the resident set at once instead of staying cached in the heap, where they would hide the
 next push's allocations.
@@ -77,9 +79,22 @@ def stop_sampler(engine, _loaded: int) -> tuple[int, int]:
     return engine._push_memory.stop()
 
 
+def pickled_bucket(learner, spec, dtype: str) -> dict:
+    """A bucket as a plain dict, whose tensors Ray pickles as torch does (rebuilt through an in-band copy)."""
+    return dict(learner.weight_bucket(spec, dtype))
+
+
 def whole_model_load(engine, version: int, *buckets):
     """The push as it was: every bucket is a top-level argument, all in this process before loading starts."""
     return engine.load_weights(version, list(buckets))
+
+
+def reload_from_files(engine, version: int) -> int:
+    """vLLM's own reload of the model's files (safetensors read one tensor at a time), through the same layer-wise
+    reload as a push: what reloading costs the engine when nothing has to be received."""
+    engine.llm.collective_rpc("reload_weights", kwargs={"is_checkpoint_format": True})
+    engine.llm.reset_prefix_cache()
+    return version
 
 
 def main() -> None:
@@ -126,44 +141,49 @@ def measure(args, backend, cfg) -> None:
     import ray
 
     from distrl.cluster.roles import started_roles
-    from distrl.cluster.weight_sync import ObjectStoreSync
-    from distrl.workers.learner import Learner
+    from distrl.cluster.weight_sync import ObjectStoreSync, StreamedBuckets
 
     with started_roles(cfg, backend) as roles:
         sync = roles.sync
         assert isinstance(sync, ObjectStoreSync)
         sizes = [4 * sum(math.prod(shape) for _, shape in spec) for spec in sync.specs]
         sync.push(version=0)  # the engine's first reload, out of the measurement
-        engine = roles.rollout.workers[0]
+        engine, learner = roles.rollout.workers[0], roles.learner.workers[0]
         layer = largest_layer_bytes(sync.specs)
         print(f"model: {args.arch}, hidden {args.hidden}, {args.layers} layers: {sync.total_bytes / 2**20:.1f} MB "
               f"in float32, {len(sizes)} buckets of at most {max(sizes) / 2**20:.1f} MB "
               f"(cluster.sync_bucket_bytes = {args.bucket_mb:g} MB); largest layer as vLLM processes it "
               f"(q/k/v and gate/up fused): {layer / 2**20:.1f} MB")
-        print(f"{'push':<14}{'steady MB':>11}{'peak MB':>10}{'excess MB':>11}{'buckets':>9}{'layers':>8}{'models':>8}")
-        excess: dict[str, list[float]] = {"whole model": [], "streamed": []}
+        print(f"{'push':<18}{'steady MB':>11}{'peak MB':>10}{'excess MB':>11}{'buckets':>9}{'layers':>8}{'models':>8}")
+        kinds = ("whole model", "streamed, pickled", "streamed", "vLLM from files")
+        excess: dict[str, list[float]] = {kind: [] for kind in kinds}
         version = 0
         for _ in range(args.rounds):
-            for kind in ("whole model", "streamed"):
+            for kind in kinds:
                 version += 1
                 ray.get(engine.__ray_call__.remote(start_sampler))
                 if kind == "streamed":
                     pending = sync.start(version)
                     loaded = pending.handles[0]
+                elif kind == "vLLM from files":
+                    loaded = engine.__ray_call__.remote(reload_from_files, version)
                 else:
-                    buckets = [roles.learner.call(0, Learner.weight_bucket, spec, sync.dtype) for spec in sync.specs]
-                    loaded = engine.__ray_call__.remote(whole_model_load, version, *buckets)
+                    buckets = [learner.__ray_call__.remote(pickled_bucket, spec, sync.dtype) for spec in sync.specs]
+                    loaded = (engine.__ray_call__.remote(whole_model_load, version, *buckets) if kind == "whole model"
+                              else engine.load_weights.remote(version, StreamedBuckets(buckets)))
                 steady, peak = ray.get(engine.__ray_call__.remote(stop_sampler, loaded))
                 if kind == "streamed":
                     sync.finish(pending)
                 over = peak - steady
                 excess[kind].append(over)
-                print(f"{kind:<14}{steady / 2**20:>11.1f}{peak / 2**20:>10.1f}{over / 2**20:>11.1f}"
+                print(f"{kind:<18}{steady / 2**20:>11.1f}{peak / 2**20:>10.1f}{over / 2**20:>11.1f}"
                       f"{over / max(sizes):>9.2f}{over / layer:>8.2f}{over / sync.total_bytes:>8.2f}")
                 time.sleep(0.5)
-        whole, streamed = (sorted(excess[k])[len(excess[k]) // 2] for k in ("whole model", "streamed"))
-        print(f"median excess: whole model {whole / 2**20:.1f} MB, streamed {streamed / 2**20:.1f} MB "
-              f"({whole / max(streamed, 1):.1f}x less when streamed)")
+        whole, pickled, streamed, files = (sorted(excess[k])[len(excess[k]) // 2] for k in kinds)
+        print(f"median excess: whole model {whole / 2**20:.1f} MB, streamed and pickled {pickled / 2**20:.1f} MB, "
+              f"streamed {streamed / 2**20:.1f} MB, vLLM from files {files / 2**20:.1f} MB")
+        print(f"streamed push over vLLM's own reload: {(streamed - files) / 2**20:.1f} MB = "
+              f"{(streamed - files) / max(sizes):.2f} of the largest bucket")
 
 
 if __name__ == "__main__":
