@@ -1,5 +1,5 @@
 """Attention over packed sequences without a dense mask: the transformers attention implementation that the
-learner's and reference's models run with (`attn_implementation=PACKED_ATTENTION`).
+learner's, reference's and critic's models run with (`attn_implementation=PACKED_ATTENTION`).
 
 A packed forward pass puts the real tokens of many sequences side by side in one row `[1, N]`, with `position_ids`
 restarting at 0 at each sequence (the convention of transformers' FlashAttention-2 path). sdpa would need a dense
@@ -7,8 +7,8 @@ block-diagonal `[N, N]` mask and would spend N^2 work on it; this implementation
 the restarts of `position_ids` and runs sdpa with `is_causal=True` on each one, so attention costs the sum of the
 squared sequence lengths, exactly as in separate forward passes, and no mask is built.
 
-Calls with a padding mask (`attention_mask` given) are plain sdpa, so a model loaded with this implementation
-still runs padded batches exactly as before (`padded_response_logprobs`, the critic's values). It works on any
+Calls with a padding mask (`attention_mask` given) are plain sdpa, so a model loaded with this implementation still
+runs padded batches exactly as before (`padded_response_logprobs`, the packing tests' reference). It works on any
 device sdpa does; on a GPU each sequence is one sdpa kernel launch per layer.
 """
 
