@@ -186,3 +186,16 @@ def test_packed_values_equal_padded(tiny_model_dir):
     real = seqs.attention_mask[:, p:].bool()
     assert torch.allclose(packed[real], padded[real], atol=2e-5, rtol=0) and padded[real].std() > 0.01
     assert not packed[~real].any() and empty.shape == (0, t)
+
+
+def test_a_sequence_longer_than_a_sliding_window_is_refused():
+    """Sliding-window layers see the same as causal ones within the window; beyond it the pack would be wrong."""
+    from distrl.workers.packed_attention import packed_attention
+
+    module = torch.nn.Module()
+    q = k = v = torch.randn(1, 2, 7, 4)
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3]])
+    within = packed_attention(module, q, k, v, None, position_ids=positions, sliding_window=4)[0]
+    assert torch.equal(within, packed_attention(module, q, k, v, None, position_ids=positions)[0])
+    with pytest.raises(ValueError, match="sequence of 4 tokens is longer than the model's sliding_window"):
+        packed_attention(module, q, k, v, None, position_ids=positions, sliding_window=3)

@@ -40,9 +40,14 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     position_ids = kwargs.pop("position_ids", None)
     if attention_mask is not None or position_ids is None or query.shape[2] != key.shape[2]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    window = kwargs.get("sliding_window")  # set by models whose layers attend within a window (Qwen2, Mistral)
     rows = []
     for b in range(query.shape[0]):
         bounds = sequence_bounds(position_ids[b if position_ids.shape[0] > 1 else 0])
+        longest = max(e - s for s, e in bounds)
+        if window is not None and longest > window:  # within the window, causal attention is the same thing
+            raise ValueError(f"{PACKED_ATTENTION} attention has no sliding window: a sequence of {longest} tokens is "
+                             f"longer than the model's sliding_window ({window})")
         rows.append(torch.cat([
             sdpa_attention_forward(module, query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e], None,
                                    is_causal=True, **kwargs)[0]
