@@ -199,3 +199,18 @@ def test_a_sequence_longer_than_a_sliding_window_is_refused():
     assert torch.equal(within, packed_attention(module, q, k, v, None, position_ids=positions)[0])
     with pytest.raises(ValueError, match="sequence of 4 tokens is longer than the model's sliding_window"):
         packed_attention(module, q, k, v, None, position_ids=positions, sliding_window=3)
+
+
+def test_the_sequences_of_a_pack_are_found_once_per_forward_pass(tiny_model_dir, monkeypatch):
+    from distrl.workers import packed_attention
+
+    found = []
+    real = packed_attention.sequence_bounds
+    monkeypatch.setattr(packed_attention, "sequence_bounds", lambda row: found.append(1) or real(row))
+    model = tiny_llama(tiny_model_dir)
+    assert model.config.num_hidden_layers > 1
+    with torch.no_grad():
+        response_logprobs(model, ragged(*BATCH), 1.0)
+        assert len(found) == 1
+        response_logprobs(model, ragged(*BATCH, seed=3), 1.0)  # a new pass, new positions: found again
+    assert len(found) == 2

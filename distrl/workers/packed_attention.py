@@ -14,6 +14,8 @@ device sdpa does; on a GPU each sequence is one sdpa kernel launch per layer.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -32,6 +34,19 @@ def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], n], strict=True))
 
 
+_last: list[tuple[weakref.ref, list[list[tuple[int, int]]]]] = []
+"""The bounds of the last `position_ids` seen (one entry at most): every layer of a forward pass gets the same tensor,
+so they are found once per pass (on a GPU, `tolist` waits for the device; once per layer it would stall every
+layer's launch)."""
+
+
+def _bounds_per_row(position_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
+    """`sequence_bounds` of each row of `position_ids [B, N]`, remembered for as long as that tensor lives."""
+    if not _last or _last[0][0]() is not position_ids:
+        _last[:] = [(weakref.ref(position_ids), [sequence_bounds(row) for row in position_ids])]
+    return _last[0][1]
+
+
 def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
     """Attention of `query [B, H, N, D]` over `key`, `value [B, H_kv, N, D]`, returning `[B, N, H, D]` as
@@ -41,9 +56,10 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if attention_mask is not None or position_ids is None or query.shape[2] != key.shape[2]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     window = kwargs.get("sliding_window")  # set by models whose layers attend within a window (Qwen2, Mistral)
+    per_row = _bounds_per_row(position_ids)
     rows = []
     for b in range(query.shape[0]):
-        bounds = sequence_bounds(position_ids[b if position_ids.shape[0] > 1 else 0])
+        bounds = per_row[b if len(per_row) > 1 else 0]
         longest = max(e - s for s, e in bounds)
         if window is not None and longest > window:  # within the window, causal attention is the same thing
             raise ValueError(f"{PACKED_ATTENTION} attention has no sliding window: a sequence of {longest} tokens is "
