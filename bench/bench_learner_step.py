@@ -53,7 +53,8 @@ def mixed_batch(b: int, prompt: tuple[int, int], response: tuple[int, int], voca
     seqs = Sequences(input_ids=torch.randint(10, vocab, (b, p + t), generator=g) * attention,
                      attention_mask=attention, response_mask=mask,
                      rollout_logprobs=-torch.rand(b, t, generator=g) * mask,
-                     policy_version=torch.zeros(b, dtype=torch.long))
+                     policy_version=torch.zeros(b, dtype=torch.long),
+                     response_versions=torch.zeros(b, t, dtype=torch.long))
     advantages = (torch.randn(b, 1, generator=g) * mask).contiguous()
     return TrainBatch(seqs, old_logprobs=None, advantages=advantages, ref_logprobs=None)
 

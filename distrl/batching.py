@@ -26,7 +26,8 @@ from distrl.types import Rollouts, Sequences
 
 
 def pad(rollouts: Rollouts, pad_id: int) -> Sequences:
-    """Left-pad prompts to P, right-pad responses to T (at least 1)."""
+    """Left-pad prompts to P, right-pad responses to T (at least 1); the response mask is the samples' loss mask
+    (observation tokens of multi-turn episodes are inputs, not trained on)."""
     b = len(rollouts)
     p = max(len(ids) for ids in rollouts.prompt_ids)
     t = max(1, *(len(ids) for ids in rollouts.response_ids))
@@ -34,17 +35,22 @@ def pad(rollouts: Rollouts, pad_id: int) -> Sequences:
     attention_mask = torch.zeros((b, p + t), dtype=torch.long)
     response_mask = torch.zeros((b, t))
     rollout_logprobs = torch.zeros((b, t))
-    rows = zip(rollouts.prompt_ids, rollouts.response_ids, rollouts.rollout_logprobs, strict=True)
-    for i, (prompt, response, lps) in enumerate(rows):
+    response_versions = torch.zeros((b, t), dtype=torch.long)
+    rows = zip(rollouts.prompt_ids, rollouts.response_ids, rollouts.rollout_logprobs, rollouts.loss_mask,
+               rollouts.token_versions, strict=True)
+    for i, (prompt, response, lps, mask, versions) in enumerate(rows):
         input_ids[i, p - len(prompt) : p] = torch.tensor(prompt)
         attention_mask[i, p - len(prompt) : p + len(response)] = 1
         if response:
-            input_ids[i, p : p + len(response)] = torch.tensor(response)
-            response_mask[i, : len(response)] = 1.0
-            rollout_logprobs[i, : len(response)] = torch.tensor(lps)
+            n = len(response)
+            input_ids[i, p : p + n] = torch.tensor(response)
+            response_mask[i, :n] = torch.tensor(mask, dtype=torch.float32)
+            rollout_logprobs[i, :n] = torch.tensor(lps)
+            response_versions[i, :n] = torch.tensor(versions)
     return Sequences(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
                      rollout_logprobs=rollout_logprobs,
-                     policy_version=torch.tensor(rollouts.policy_version, dtype=torch.long))
+                     policy_version=torch.tensor(rollouts.policy_version, dtype=torch.long),
+                     response_versions=response_versions)
 
 
 def kl_penalty(response_mask: torch.Tensor, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,

@@ -7,8 +7,14 @@ Each stage has its own type, built once and complete (no field is filled in late
   `Sequences`       the same samples padded into tensors: what the reference and learners score
   `TrainBatch`      sequences with old log-probs, reference log-probs and advantages: what a learner trains on
 
-Every sample carries the version of the weights that generated it (`policy_version`, per sample): a batch may mix
-versions (asynchronous mode), and the staleness of a sample is `update version - policy_version`.
+Every sampled token carries the version of the weights that sampled it (`token_versions`): a batch may mix
+versions (asynchronous mode), and so may one multi-turn episode, whose engine can switch weights between its turns.
+A sample's `policy_version` is the oldest version among its trained tokens, and its staleness is `update version -
+policy_version`: the staleness bound holds for every token it trains on.
+
+A response is everything after the prompt: for a one-turn episode the sampled tokens, for a multi-turn one the
+model's turns with the environment's observations (and the chat template's tokens around them) between them.
+`loss_mask` says which tokens the model sampled (trained on) and which it was given (observations, masked).
 Each type has `validate()`; `split(n)` / `concat(parts)` live with the type so that actor groups stay generic.
 Shapes: B sequences, P padded prompt length (left-padded), T padded response length (right-padded).
 """
@@ -37,28 +43,70 @@ class Prompt:
     answer: str | None = None
     sample: dict[str, Any] = field(default_factory=dict)
 
+    def row(self) -> dict[str, Any]:
+        """The dataset row handed to reward functions and environments, with the answer under "answer" whatever
+        `data.answer_key` is."""
+        return self.sample if self.answer is None else {**self.sample, "answer": self.answer}
+
+
+@dataclass(frozen=True)
+class Episode:
+    """How one sample's episode went (a one-turn episode for a reward-function job).
+
+    turns            model turns taken
+    tool_calls       tool calls the model made (parsed), and of them `tool_errors` whose tool failed
+    parse_errors     turns whose tool-call markup could not be parsed (answered with an observation saying so)
+    env_wait_s       seconds the episode waited on its environment (start and steps)
+    reward           the environment's reward (the sum of its steps' rewards); None when a reward function scores
+                     the sample afterwards
+    cut              why the episode ended before its environment said it was done ("max_turns", "max_tokens",
+                     "context", "turn_length", "env_timeout", "env_error"), or None
+    drift            tokens where the trajectory differs from what the engine was given and sampled (must be 0)
+    template_drift   whether rendering the episode's messages through the chat template anew would give other
+                     token ids than the trajectory (what a text-based assembly would train on instead)
+    """
+
+    turns: int = 1
+    tool_calls: int = 0
+    tool_errors: int = 0
+    parse_errors: int = 0
+    env_wait_s: float = 0.0
+    reward: float | None = None
+    cut: str | None = None
+    drift: int = 0
+    template_drift: bool = False
+
 
 @dataclass(frozen=True)
 class Rollouts:
     """Samples from rollout actors: `n` responses per prompt, grouped contiguously (prompt-major).
 
-    prompt_ids[i]        token ids of sample i's prompt
-    response_ids[i]      sampled token ids, len L_i
-    rollout_logprobs[i]  log-prob of each sampled token under the distribution sampled from, len L_i
+    prompt_ids[i]        token ids of sample i's prompt (an episode's first prompt)
+    response_ids[i]      token ids after the prompt, len L_i: the sampled tokens, and in a multi-turn episode the
+                         observation tokens between its turns; exactly the ids the engine saw and sampled
+    rollout_logprobs[i]  log-prob of each sampled token under the distribution sampled from, len L_i (0.0 on
+                         observation tokens)
+    loss_mask[i]         1 on tokens the model sampled, 0 on tokens it was given (observations), len L_i
+    token_versions[i]    version of the weights that sampled each token, len L_i (observation tokens carry the
+                         version of the turn before them)
     response_texts[i]    detokenized response
-    finish_reasons[i]    "stop" (EOS or stop string) or "length"
+    finish_reasons[i]    "stop" (EOS or stop string) or "length" (of the last turn)
     group[i]             the prompt's ticket: its position in the stream of prompts the driver handed out (the
                          group id of group estimators, and what a checkpoint records as trained)
-    policy_version[i]    version of the weights that generated sample i
+    policy_version[i]    the oldest version among sample i's trained tokens (what its staleness is counted from)
+    episodes[i]          how sample i's episode went (`Episode`): turns, tool calls, the environment's reward
     """
 
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
     rollout_logprobs: list[list[float]]
+    loss_mask: list[list[int]]
+    token_versions: list[list[int]]
     response_texts: list[str]
     finish_reasons: list[str]
     group: list[int]
     policy_version: list[int]
+    episodes: list[Episode]
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -68,10 +116,35 @@ class Rollouts:
         for f in fields(self):
             if len(getattr(self, f.name)) != n:
                 raise ValueError(f"Rollouts.{f.name} has {len(getattr(self, f.name))} entries, response_ids has {n}")
-        for i, (ids, lps) in enumerate(zip(self.response_ids, self.rollout_logprobs, strict=True)):
-            if len(ids) != len(lps):
-                raise ValueError(f"Rollouts sample {i}: {len(ids)} response tokens but {len(lps)} log-probs")
+        for i, ids in enumerate(self.response_ids):
+            for name in ("rollout_logprobs", "loss_mask", "token_versions"):
+                if len(getattr(self, name)[i]) != len(ids):
+                    raise ValueError(f"Rollouts sample {i}: {len(ids)} response tokens but "
+                                     f"{len(getattr(self, name)[i])} entries in {name}")
+            trained = [v for v, m in zip(self.token_versions[i], self.loss_mask[i], strict=True) if m]
+            if trained and min(trained) != self.policy_version[i]:
+                raise ValueError(f"Rollouts sample {i}: policy_version {self.policy_version[i]} is not the oldest "
+                                 f"version among its trained tokens ({min(trained)})")
         return self
+
+    @staticmethod
+    def empty() -> Rollouts:
+        """No samples yet: filled with `add`."""
+        return Rollouts(*([] for _ in fields(Rollouts)))
+
+    def add(self, prompt_ids: list[int], response_ids: list[int], rollout_logprobs: list[float],
+            loss_mask: list[int], token_versions: list[int], text: str, finish_reason: str, group: int,
+            episode: Episode, version: int) -> None:
+        """Append one sample (while it is being built by its producer); its policy version is the oldest among
+        its trained tokens, or `version` (the engine's now) when it has none."""
+        trained = [v for v, m in zip(token_versions, loss_mask, strict=True) if m]
+        for name, value in (("prompt_ids", prompt_ids), ("response_ids", response_ids),
+                            ("rollout_logprobs", rollout_logprobs), ("loss_mask", loss_mask),
+                            ("token_versions", token_versions), ("response_texts", text),
+                            ("finish_reasons", finish_reason), ("group", group),
+                            ("policy_version", min(trained) if trained else version),
+                            ("episodes", episode)):
+            getattr(self, name).append(value)
 
     def select(self, rows: list[int]) -> Rollouts:
         """Samples `rows`, in that order."""
@@ -149,8 +222,9 @@ class Sequences:
     input_ids         [B, P+T] long   prompt left-padded to P, then response right-padded to T
     attention_mask    [B, P+T] long   1 on real tokens
     response_mask     [B, T]   float  1 on response tokens that count in the loss
-    rollout_logprobs  [B, T]   float  the sampler's log-probs of the sampled tokens (0 on padding)
-    policy_version    [B]      long   version of the weights that generated each sample
+    rollout_logprobs  [B, T]   float  the sampler's log-probs of the sampled tokens (0 on padding and observations)
+    policy_version    [B]      long   the oldest version of the weights among each sample's trained tokens
+    response_versions [B, T]   long   version of the weights that sampled each response token (0 on padding)
     """
 
     input_ids: torch.Tensor
@@ -158,6 +232,7 @@ class Sequences:
     response_mask: torch.Tensor
     rollout_logprobs: torch.Tensor
     policy_version: torch.Tensor
+    response_versions: torch.Tensor
 
     def __post_init__(self) -> None:
         self.validate()
@@ -183,7 +258,7 @@ class Sequences:
             raise ValueError(f"Sequences.attention_mask is {tuple(self.attention_mask.shape)}, expected {(b, s)}")
         if t > s:
             raise ValueError(f"Sequences: response length {t} exceeds sequence length {s}")
-        for name in ("response_mask", "rollout_logprobs"):
+        for name in ("response_mask", "rollout_logprobs", "response_versions"):
             if tuple(getattr(self, name).shape) != (b, t):
                 raise ValueError(f"Sequences.{name} is {tuple(getattr(self, name).shape)}, expected {(b, t)}")
         if tuple(self.policy_version.shape) != (b,):

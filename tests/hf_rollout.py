@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import torch
 
 from distrl.config import ModelConfig, RolloutConfig
-from distrl.types import Prompt, Rollouts
+from distrl.types import Episode, Prompt, Rollouts
 from distrl.workers.fingerprint import Fingerprint, check, of_tensors
 from distrl.workers.model import DTYPES, load_causal_lm, load_tokenizer
 from distrl.workers.rollout import request_seed
@@ -21,7 +21,7 @@ from distrl.workers.rollout import request_seed
 
 class HFRolloutWorker:
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
-                 num_gpus: float = 0.0):
+                 num_gpus: float = 0.0, environment: None = None):
         self.cfg = cfg
         self.model = load_causal_lm(model, "float32").requires_grad_(False)
         self.tokenizer = load_tokenizer(model)
@@ -55,18 +55,14 @@ class HFRolloutWorker:
 
     def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
         self.calls += 1
-        out = Rollouts([], [], [], [], [], [], [])
+        out = Rollouts.empty()
         for prompt, group in zip(prompts, groups, strict=True):
             tokens, logprobs, reasons = self._sample(prompt.prompt_ids, self.cfg.n_samples_per_prompt,
                                                      request_seed(self.seed, group))
             for ids, lps, reason in zip(tokens, logprobs, reasons, strict=True):
-                out.prompt_ids.append(list(prompt.prompt_ids))
-                out.response_ids.append(ids)
-                out.rollout_logprobs.append(lps)
-                out.response_texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
-                out.finish_reasons.append(reason)
-                out.group.append(group)
-                out.policy_version.append(self.policy_version)
+                v = self.policy_version
+                out.add(list(prompt.prompt_ids), ids, lps, [1] * len(ids), [v] * len(ids),
+                        self.tokenizer.decode(ids, skip_special_tokens=True), reason, group, Episode(), v)
         return out.validate()
 
     def load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:

@@ -9,19 +9,20 @@ import torch
 from distrl.batching import advantages, gae_advantages, pad
 from distrl.config import AlgorithmConfig, KLInLoss, KLInReward
 from distrl.types import Rollouts, ScoredRollouts, Sequences, TrainBatch
+from tests.one_turn import one_turn
 
 PAD = 0
 
 
 def rollouts(versions=(3, 3, 2, 2)) -> Rollouts:
     # Two prompts (lengths 2 and 3), two samples each; response lengths 1, 3, 0, 2.
-    return Rollouts(
+    return one_turn(
         prompt_ids=[[5, 6], [5, 6], [7, 8, 9], [7, 8, 9]],
         response_ids=[[11], [12, 13, 14], [], [15, 16]],
         rollout_logprobs=[[-0.1], [-0.2, -0.3, -0.4], [], [-0.5, -0.6]],
         response_texts=["a", "bcd", "", "ef"], finish_reasons=["stop", "length", "stop", "stop"],
         group=[0, 0, 1, 1], policy_version=list(versions),
-    ).validate()
+    )
 
 
 def train_batch(seqs: Sequences, adv: torch.Tensor | None = None) -> TrainBatch:

@@ -33,7 +33,8 @@ def batch(advantage: float = 1.0) -> TrainBatch:
     attention[4:, p + 4 :] = 0
     adv = torch.linspace(-1, 1, b)[:, None].expand(b, t) * advantage
     seqs = Sequences(input_ids=ids, attention_mask=attention, response_mask=mask, rollout_logprobs=torch.zeros(b, t),
-                     policy_version=torch.zeros(b, dtype=torch.long))
+                     policy_version=torch.zeros(b, dtype=torch.long),
+                     response_versions=torch.zeros(b, t, dtype=torch.long))
     return TrainBatch(seqs, old_logprobs=torch.zeros(b, t), advantages=adv.contiguous(), ref_logprobs=None)
 
 
@@ -212,7 +213,8 @@ def ragged_batch() -> TrainBatch:
     mask = attention[:, p:].float()
     seqs = Sequences(input_ids=torch.randint(3, 200, (b, p + t), generator=g), attention_mask=attention,
                      response_mask=mask, rollout_logprobs=-torch.rand(b, t, generator=g) * mask,
-                     policy_version=torch.zeros(b, dtype=torch.long))
+                     policy_version=torch.zeros(b, dtype=torch.long),
+                     response_versions=torch.zeros(b, t, dtype=torch.long))
     adv = (torch.linspace(-1, 1, b)[:, None] * mask).contiguous()
     return TrainBatch(seqs, old_logprobs=None, advantages=adv, ref_logprobs=None)
 

@@ -3,6 +3,8 @@ each sequence by `PACKED_ATTENTION`) equals the padded one to float32 tolerance,
 gradients, for the tiny Llama and a tiny Qwen2 (tied embeddings, QKV bias, grouped-query attention); scoring by a
 token budget gives the rows back in order."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -53,7 +55,8 @@ def ragged(prompt_lens: list[int], response_lens: list[int], seed: int = 0) -> S
     mask = attention[:, p:].float()
     mask[0, 0] = 0.0  # a real token outside the loss must still be scored like the padded pass scores it
     return Sequences(input_ids=ids, attention_mask=attention, response_mask=mask, rollout_logprobs=torch.zeros(b, t),
-                     policy_version=torch.zeros(b, dtype=torch.long))
+                     policy_version=torch.zeros(b, dtype=torch.long),
+                     response_versions=torch.zeros(b, t, dtype=torch.long))
 
 
 BATCH = ([5, 2, 7, 4, 1], [9, 3, 12, 1, 6])
@@ -108,8 +111,7 @@ def test_a_response_after_padding_is_rejected(model):
     attention = seqs.attention_mask.clone()
     attention[1, :2] = 0  # row 1 has no prompt token left to predict its first response token from
     with pytest.raises(ValueError, match="real prompt token"):
-        response_logprobs(model, Sequences(seqs.input_ids, attention, seqs.response_mask, seqs.rollout_logprobs,
-                                           seqs.policy_version), 1.0)
+        response_logprobs(model, dataclasses.replace(seqs, attention_mask=attention), 1.0)
 
 
 @pytest.mark.parametrize("max_tokens", [None, 1, 16, 40])

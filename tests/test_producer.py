@@ -10,6 +10,7 @@ from distrl.cluster.producer import Producer, default_chunk
 from distrl.config import RecoveryConfig, RewardConfig
 from distrl.data import PromptStream
 from distrl.types import Prompt, Rollouts
+from tests.one_turn import one_turn
 
 
 @pytest.mark.parametrize("prompts,actors,k,chunk", [
@@ -51,9 +52,9 @@ class Echo:
 
     def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
         k = len(prompts)
-        return Rollouts(prompt_ids=[p.prompt_ids for p in prompts], response_ids=[[3]] * k,
+        return one_turn(prompt_ids=[p.prompt_ids for p in prompts], response_ids=[[3]] * k,
                         rollout_logprobs=[[-0.5]] * k, response_texts=["2"] * k, finish_reasons=["stop"] * k,
-                        group=list(groups), policy_version=[0] * k).validate()
+                        group=list(groups), policy_version=[0] * k)
 
 
 def test_a_chunk_that_returns_after_its_engine_was_replaced_does_not_hand_the_engine_out_twice():

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from distrl import checkpoint, config
-from distrl.cluster.producer import reward_sample
 from distrl.cluster.roles import actor_env, role_threads, sampling_seed
 from distrl.driver_checkpoints import check_shared_run_dir
 from distrl.preflight import PreflightError
 from distrl.run_dir import RunDir
-from distrl.types import Prompt, Rollouts, ScoredRollouts
+from distrl.types import Prompt, ScoredRollouts
 from distrl.workers.device import granted_device
 from distrl.workers.rollout import request_seed
+from tests.one_turn import one_turn
 from tests.test_checkpoint import saved
 
 
@@ -122,17 +122,17 @@ def test_resume_of_a_run_without_a_usable_checkpoint_is_refused_rather_than_rest
     assert (run.path / "metrics.jsonl").read_text().count("\n") == 3  # untouched
 
 
-def test_reward_sample_carries_the_answer_under_its_standard_key():
+def test_a_prompts_row_carries_the_answer_under_its_standard_key():
     prompt = Prompt(index=0, text="q", prompt_ids=[1], answer="42", sample={"question": "q", "target": "42"})
-    assert reward_sample(prompt) == {"question": "q", "target": "42", "answer": "42"}
-    assert reward_sample(Prompt(index=0, text="q", prompt_ids=[1], sample={"x": 1})) == {"x": 1}
+    assert prompt.row() == {"question": "q", "target": "42", "answer": "42"}
+    assert Prompt(index=0, text="q", prompt_ids=[1], sample={"x": 1}).row() == {"x": 1}
 
 
 def test_step_times_add_up_and_overhead_is_what_the_driver_did_itself(tmp_path, monkeypatch):
     now = [100.0]
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
     run = RunDir(cfg(tmp_path))
-    rollouts = Rollouts(prompt_ids=[[1], [1]], response_ids=[[2, 3], [4]], rollout_logprobs=[[0.0, 0.0], [0.0]],
+    rollouts = one_turn(prompt_ids=[[1], [1]], response_ids=[[2, 3], [4]], rollout_logprobs=[[0.0, 0.0], [0.0]],
                         response_texts=["a", "b"], finish_reasons=["stop", "length"], group=[0, 0],
                         policy_version=[0, 0])
     scored = ScoredRollouts(rollouts, [1.0, 0.0])

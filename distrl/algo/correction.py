@@ -100,14 +100,15 @@ STALENESS_BUCKETS = (("0", 0, 0), ("1", 1, 1), ("2+", 2, None))
 def metrics_by_staleness(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
                          staleness: torch.Tensor, cfg: CorrectionConfig | None) -> dict[str, dict[str, torch.Tensor]]:
     """The mismatch and IS-weight metrics of `rollout_correction` (only the mismatch ones without a correction)
-    over the samples of each staleness bucket (`staleness` `[B]`: update version minus generating version),
-    keyed by bucket name; buckets without a valid token are left out. Old log-probs, rollout log-probs, mask:
+    over the tokens of each staleness bucket (`staleness` `[B, T]`: update version minus the version that sampled
+    each token; `[B]` for one version per sample), keyed by bucket name; buckets without a valid token are left
+    out. Old log-probs, rollout log-probs, mask:
     `[B, T]`. In the asynchronous mode the behaviour policy of a stale sample is older weights, so the weights
     then correct staleness as well as precision; splitting them shows how much of each."""
     out: dict[str, dict[str, torch.Tensor]] = {}
     for name, low, high in STALENESS_BUCKETS:
-        rows = (staleness >= low) & (staleness <= high if high is not None else True)
-        bucket_mask = valid_of(mask) & rows[:, None]
+        within = (staleness >= low) & (staleness <= high if high is not None else True)
+        bucket_mask = valid_of(mask) & (within if within.dim() == 2 else within[:, None])
         if not bucket_mask.any():
             continue
         if cfg is None:

@@ -44,11 +44,6 @@ from distrl.types import Prompt, ScoredRollouts
 from distrl.workers.rollout import RolloutWorker
 
 
-def reward_sample(prompt: Prompt) -> dict:
-    """The dataset row handed to reward functions, with the answer under "answer" whatever `data.answer_key` is."""
-    return prompt.sample if prompt.answer is None else {**prompt.sample, "answer": prompt.answer}
-
-
 @dataclass
 class _Chunk:
     actor: int
@@ -179,7 +174,7 @@ class Producer:
             self.idle.append(chunk.actor)
             self._idle_since[chunk.actor] = time.perf_counter()
         by_ticket = dict(zip(chunk.tickets, chunk.prompts, strict=True))
-        items = [(by_ticket[g].text, text, reward_sample(by_ticket[g]))
+        items = [(by_ticket[g].text, text, by_ticket[g].row())
                  for g, text in zip(part.group, part.response_texts, strict=True)]
         # Samples are numbered in the run as ticket x n + j, which is what a reward error names.
         first = chunk.tickets[0] * (len(part) // len(chunk.tickets))
