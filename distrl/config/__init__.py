@@ -13,6 +13,7 @@ must stay light.
 from distrl.config.algorithm import AlgorithmConfig
 from distrl.config.cluster import ClusterConfig, RecoveryConfig, RoleResources
 from distrl.config.correction import CorrectionConfig, RatioCorrection, SeqMaskTISCorrection
+from distrl.config.env import EnvConfig
 from distrl.config.learner import (
     ConstantSchedule,
     CosineSchedule,
@@ -46,6 +47,7 @@ __all__ = [
     "CriticConfig",
     "DataConfig",
     "DynamicSamplingConfig",
+    "EnvConfig",
     "FSDPStrategy",
     "GSPOConfig",
     "KLConfig",

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 from distrl.config.algorithm import GROUP_ESTIMATORS, AlgorithmConfig
 from distrl.config.base import Section
 from distrl.config.cluster import ClusterConfig
+from distrl.config.env import EnvConfig
 from distrl.config.learner import CriticConfig, LearnerConfig, ReferenceConfig
 from distrl.config.loop import AsyncLoop, Loop, SyncLoop
 from distrl.config.loss import LossConfig
@@ -35,7 +36,9 @@ class Config(Section):
     loss: LossConfig = Field(default_factory=LossConfig)
     """Policy loss."""
     reward: RewardConfig = Field(default_factory=RewardConfig)
-    """Reward function."""
+    """Reward function (of one-turn episodes; with an `env` section the environment rewards)."""
+    env: EnvConfig | None = None
+    """Environment of multi-turn, tool-using episodes; null: one turn per episode, scored by `reward`."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Actor counts, resources and placement."""
     loop: Loop = Field(default_factory=SyncLoop)

@@ -10,23 +10,26 @@ temperature; what remains of the difference (dtype, kernels, truncation) is the 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from distrl.config import ModelConfig, RolloutConfig
+from distrl.agents.chat import ChatRenderer
+from distrl.agents.episode import Budget, EpisodeRunner
+from distrl.agents.host import EnvHost
+from distrl.agents.tool_calls import ToolCallParser
+from distrl.config import EnvConfig, ModelConfig, RolloutConfig
 from distrl.types import Prompt, Rollouts
 from distrl.workers import fingerprint
 from distrl.workers.device import granted_device
+from distrl.workers.episodes import EngineStepper
 from distrl.workers.fingerprint import Fingerprint, columns, of_sample, sample
 from distrl.workers.model import resolve_model_path
-
-if TYPE_CHECKING:
-    from vllm.logprobs import FlatLogprobs
 
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
 """Environment of every rollout process, needed before vLLM is imported (set by the cluster layer, and here).
@@ -70,7 +73,7 @@ class RolloutWorker:
     """Generates `n` responses per prompt; `load_weights` swaps the weights in place and bumps `policy_version`."""
 
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
-                 num_gpus: float = 0.0):
+                 num_gpus: float = 0.0, environment: EnvConfig | None = None):
         for key, value in ENGINE_ENV.items():
             os.environ.setdefault(key, value)
         from vllm import LLM
@@ -98,47 +101,76 @@ class RolloutWorker:
         else:
             engine_args.update(kv_cache_memory_bytes=cfg.kv_cache_bytes, distributed_executor_backend="uni")
         self.llm = LLM(**engine_args)
+        self.tokenizer = self.llm.get_tokenizer()
+        context = engine_args["max_model_len"]
+        self.chat = ChatRenderer(self.tokenizer)
+        self.end_of_turn = self.tokenizer.eos_token_id
+        self.envs: EnvHost | None = None
+        self.parser: ToolCallParser | None = None
+        if environment is None:
+            self.budget = Budget(1, cfg.sampling.max_new_tokens, context, cfg.sampling.max_new_tokens)
+        else:
+            e = environment
+            self.budget = Budget(e.max_turns, e.max_tokens or context, context, cfg.sampling.max_new_tokens)
+            self.envs = EnvHost(e.cls, e.kwargs, e.step_timeout_s, e.on_error)
+            if e.tool_parser is not None:
+                self.parser = ToolCallParser(e.tool_parser, self.tokenizer)
 
     def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
-        """Sample `n_samples_per_prompt` responses for each prompt; `groups[i]` is prompt i's ticket (group id),
-        from which its request's seed is derived.
+        """Run `n_samples_per_prompt` episodes per prompt; `groups[i]` is prompt i's ticket (group id), from which
+        its requests' seeds are derived. Without an environment an episode is one turn (its reward comes from the
+        reward function afterwards); with one, turns alternate with the environment's answers
+        (`distrl.agents.episode`). Every episode of the call shares the engine: each engine step advances every
+        episode that has a turn to take.
 
-        Returns samples prompt-major: the G responses of prompts[0], then of prompts[1], ..., each stamped with the
-        policy version this engine serves.
+        Returns samples prompt-major: the G episodes of prompts[0], then of prompts[1], ..., each token stamped with
+        the policy version that sampled it.
         """
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
         self._check_usable()
-        s = self.cfg.sampling
-        # vLLM detokenizes every sampled token, and every log-prob's token, as it goes: on a small model that costs
-        # more than the forward passes. Only stop strings need text during sampling; otherwise decode each response
-        # once at the end. Flat log-probs hold one float per position (logprobs=0: the sampled token's) instead of a
-        # dict per position.
-        detokenize = bool(s.stop)
-        # One seed per request (see request_seed): a sample is the same whichever engine draws it.
-        params = [SamplingParams(n=self.cfg.n_samples_per_prompt, temperature=s.temperature, top_p=s.top_p,
-                                 top_k=s.top_k, max_tokens=s.max_new_tokens, stop=s.stop or None, logprobs=0,
-                                 flat_logprobs=True, detokenize=detokenize, seed=request_seed(self.seed, ticket))
-                  for ticket in groups]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p.prompt_ids) for p in prompts], params,
-                                    use_tqdm=False)
-        out = Rollouts([], [], [], [], [], [], [])
-        for prompt, group, request in zip(prompts, groups, outputs, strict=True):
-            for completion in request.outputs:
-                ids = list(completion.token_ids)
-                out.prompt_ids.append(list(prompt.prompt_ids))
-                out.response_ids.append(ids)
-                out.rollout_logprobs.append(sampled_logprobs(completion.logprobs, len(ids)))
-                out.response_texts.append(completion.text)
-                out.finish_reasons.append(completion.finish_reason or "length")
-                out.group.append(group)
-                out.policy_version.append(self.policy_version)
-        if not detokenize:
-            # vLLM's own defaults for completion text: special tokens skipped.
-            out.response_texts[:] = self.llm.get_tokenizer().batch_decode(out.response_ids,
-                                                                          skip_special_tokens=True)
+        return asyncio.run(self._episodes(prompts, groups))
+
+    async def _episodes(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
+        stepper = EngineStepper(self.llm.llm_engine, self._params, lambda: self.policy_version, self._decode)
+        stepping = asyncio.create_task(stepper.run())
+        n = self.cfg.n_samples_per_prompt
+        runs = [self.runner(stepper).run(f"{ticket}.{j}", prompt.prompt_ids, prompt.row(),
+                                         request_seed(self.seed, ticket), j)
+                for prompt, ticket in zip(prompts, groups, strict=True) for j in range(n)]
+        try:
+            results = await asyncio.gather(*runs)
+        except BaseException:
+            stepper.abort()
+            raise
+        finally:
+            stepper.close()
+            await stepping
+        out = Rollouts.empty()
+        for i, result in enumerate(results):
+            traj = result.trajectory
+            out.add(list(traj.prompt_ids), traj.response_ids, traj.logprobs, traj.mask, traj.versions, result.text,
+                    result.finish_reason, groups[i // n], result.episode, self.policy_version)
         return out.validate()
+
+    def runner(self, stepper: EngineStepper) -> EpisodeRunner:
+        """The episode runner of this worker's configuration over `stepper`."""
+        return EpisodeRunner(stepper, self.chat, self.budget, self.envs, self.parser, self.end_of_turn)
+
+    def _params(self, max_tokens: int, seed: int) -> Any:
+        """One turn's `SamplingParams`. vLLM detokenizes every sampled token, and every log-prob's token, as it
+        goes: on a small model that costs more than the forward passes, so only stop strings get it (the turn is
+        decoded once at its end otherwise). Flat log-probs hold one float per position (logprobs=0: the sampled
+        token's) instead of a dict per position; deltas let each token carry the version that sampled it."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        s = self.cfg.sampling
+        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=max_tokens,
+                              stop=s.stop or None, logprobs=0, flat_logprobs=True, detokenize=bool(s.stop),
+                              seed=seed, output_kind=RequestOutputKind.DELTA)
+
+    def _decode(self, ids: list[int]) -> str:
+        # vLLM's own defaults for completion text: special tokens skipped.
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def version(self) -> int:
         """The policy version this engine serves."""
@@ -259,12 +291,3 @@ def served_fingerprint(model: torch.nn.Module) -> Fingerprint:
                     param = param[:module.num_embeddings]  # noqa: PLW2901 - the same tensor without vLLM's padding
                 out[f"{prefix}.{name}" if prefix else name] = of_sample(sample(param))
     return out
-
-
-def sampled_logprobs(logprobs: FlatLogprobs, n: int) -> list[float]:
-    """The sampled token's log-prob at each of the `n` positions of a completion asked with logprobs=0 and flat
-    log-probs: then each position holds exactly one entry, the sampled token's (vLLM puts it first)."""
-    if len(logprobs) != n or len(logprobs.logprobs) != n:
-        raise RuntimeError(f"vLLM returned log-probs for {len(logprobs.logprobs)} entries over {len(logprobs)} "
-                           f"positions for a completion of {n} tokens; expected one per position")
-    return list(logprobs.logprobs)

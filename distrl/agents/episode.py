@@ -1,0 +1,240 @@
+"""One episode, turn by turn: the model samples a turn on the engine, the environment answers, the observation's
+ids are appended, until the environment is done or a budget ends it. The result is one sample of `Rollouts`:
+token-exact (the ids the engine was given and sampled, checked against what it echoes), with a loss mask over the
+model's tokens, the sampler's log-probs and the policy version of every token.
+
+A reward-function job runs the same coroutine without an environment: one turn, scored afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from distrl.agents.chat import ChatRenderer
+from distrl.agents.env import Start, Turn
+from distrl.agents.host import EnvFailed, EnvTimeout
+from distrl.agents.tool_calls import ToolCallParser
+from distrl.types import Episode
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One turn as the engine produced it: the prompt ids it echoed, the sampled ids with their log-probs and the
+    policy version of the weights that sampled each, the decoded text and why it stopped ("stop" or "length")."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    text: str
+    finish_reason: str
+
+
+class TurnSampler(Protocol):
+    @property
+    def version(self) -> int:
+        """The policy version the engine serves now."""
+
+    async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> Sampled: ...
+
+
+class EnvClient(Protocol):
+    async def start(self, episode: str, row: dict[str, Any]) -> Start: ...
+
+    async def step(self, episode: str, turn: Turn) -> Any: ...  # distrl.agents.env.Step
+
+    def end(self, episode: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An episode's limits: model turns, response tokens (turns and observations), the engine's context, and the
+    tokens of one turn."""
+
+    max_turns: int
+    max_tokens: int
+    context: int
+    max_new_tokens: int
+
+
+@dataclass
+class Trajectory:
+    """The episode's ids as they grow: the prompt, then model turns (trained) and observations (given)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[int]:
+        return [*self.prompt_ids, *self.response_ids]
+
+    def add_turn(self, turn: Sampled) -> None:
+        self.response_ids += turn.token_ids
+        self.logprobs += turn.logprobs
+        self.mask += [1] * len(turn.token_ids)
+        self.versions += turn.versions
+
+    def add_observation(self, ids: list[int], version: int) -> None:
+        self.response_ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.mask += [0] * len(ids)
+        self.versions += [version] * len(ids)
+
+
+def drift(echoed: list[int], expected: list[int]) -> int:
+    """Positions where the prompt the engine echoed differs from the trajectory it was given (length included)."""
+    return sum(a != b for a, b in zip(echoed, expected, strict=False)) + abs(len(echoed) - len(expected))
+
+
+def turn_seed(base: int, sample: int, turn: int) -> int:
+    """Seed of turn `turn` of sample `sample` of a prompt whose request seed is `base`: the first turn's is vLLM's
+    own for the j-th of n samples (base + j), so a one-turn episode samples what `n`-sample generation does."""
+    return base + sample + (turn << 32)
+
+
+@dataclass
+class _Progress:
+    """What an episode has done so far."""
+
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    parse_errors: int = 0
+    env_wait_s: float = 0.0
+    drift: int = 0
+    reward: float = 0.0
+    cut: str | None = None
+    finish: str = "length"
+    texts: list[str] = field(default_factory=list)
+
+    def episode(self, template_drift: bool) -> Episode:
+        return Episode(turns=self.turns, tool_calls=self.tool_calls, tool_errors=self.tool_errors,
+                       parse_errors=self.parse_errors, env_wait_s=self.env_wait_s, reward=self.reward,
+                       cut=self.cut, drift=self.drift, template_drift=template_drift)
+
+
+@dataclass
+class EpisodeResult:
+    """One finished episode: its trajectory, the text of its response, the last turn's finish reason, and its
+    `Episode` record."""
+
+    trajectory: Trajectory
+    text: str
+    finish_reason: str
+    episode: Episode
+
+
+class EpisodeRunner:
+    """Runs episodes on `sampler`; with `envs`, multi-turn against them (tool calls parsed by `parser`), else one
+    turn each."""
+
+    def __init__(self, sampler: TurnSampler, chat: ChatRenderer, budget: Budget, envs: EnvClient | None = None,
+                 parser: ToolCallParser | None = None, end_of_turn: int | None = None):
+        self.sampler, self.chat, self.budget, self.envs, self.parser = sampler, chat, budget, envs, parser
+        self.end_of_turn = end_of_turn
+
+    async def run(self, episode_id: str, prompt_ids: list[int], row: dict[str, Any], seed: int,
+                  sample: int) -> EpisodeResult:
+        if self.envs is None:
+            first = await self.sampler.sample(prompt_ids, self._room(Trajectory(prompt_ids)),
+                                              turn_seed(seed, sample, 0))
+            traj = Trajectory(prompt_ids)
+            traj.add_turn(first)
+            return EpisodeResult(traj, first.text, first.finish_reason,
+                                 Episode(drift=drift(first.prompt_ids, prompt_ids)))
+        try:
+            return await self._multi_turn(episode_id, prompt_ids, row, seed, sample)
+        finally:
+            self.envs.end(episode_id)
+
+    def _room(self, traj: Trajectory) -> int:
+        b = self.budget
+        return min(b.max_new_tokens, b.max_tokens - len(traj.response_ids), b.context - len(traj.ids))
+
+    def _over(self, traj: Trajectory, extra: int) -> str | None:
+        b = self.budget
+        if len(traj.ids) + extra >= b.context:
+            return "context"
+        if len(traj.response_ids) + extra >= b.max_tokens:
+            return "max_tokens"
+        return None
+
+    async def _multi_turn(self, episode_id: str, prompt_ids: list[int], row: dict[str, Any], seed: int,
+                          sample: int) -> EpisodeResult:
+        assert self.envs is not None
+        progress = _Progress()
+        began = time.perf_counter()
+        try:
+            start = await self.envs.start(episode_id, row)
+        except (EnvTimeout, EnvFailed) as err:
+            progress.env_wait_s = time.perf_counter() - began
+            return self._failed_start(prompt_ids, progress, err)
+        progress.env_wait_s += time.perf_counter() - began
+        messages = list(start.messages) if start.messages is not None else []
+        if start.messages is not None:
+            prompt_ids = self.chat.prompt_ids(messages, start.tools)
+        traj = Trajectory(prompt_ids)
+        for index in range(self.budget.max_turns):
+            progress.cut = self._over(traj, 0)
+            if progress.cut or await self._turn(episode_id, traj, messages, start.tools, progress,
+                                                turn_seed(seed, sample, index), index):
+                break
+        else:
+            progress.cut = "max_turns"
+        template_drift = start.messages is not None and self.chat.template_drift(messages, start.tools, traj.ids)
+        return EpisodeResult(traj, "".join(progress.texts), progress.finish, progress.episode(template_drift))
+
+    async def _turn(self, episode_id: str, traj: Trajectory, messages: list[dict], tools: list[dict],
+                    progress: _Progress, seed: int, index: int) -> bool:
+        """Sample turn `index`, let the environment answer it and append the observation; whether the episode
+        ended (`progress.cut` says why, when a budget or the environment's failure ended it)."""
+        assert self.envs is not None
+        room = self._room(traj)
+        turn = await self.sampler.sample(traj.ids, room, seed)
+        progress.drift += drift(turn.prompt_ids, traj.ids)
+        traj.add_turn(turn)
+        progress.turns += 1
+        progress.finish = turn.finish_reason
+        progress.texts.append(turn.text)
+        if turn.finish_reason == "length":
+            progress.cut = self._over(traj, 0) or ("max_tokens" if room < self.budget.max_new_tokens
+                                                   else "turn_length")
+            return True
+        content, calls, parse_error = (self.parser.parse(turn.text) if self.parser is not None
+                                       else (turn.text, [], None))
+        parsed = Turn(turn.text, content, calls, parse_error, index)
+        progress.tool_calls += len(calls)
+        progress.parse_errors += parse_error is not None
+        messages.append(parsed.as_message())
+        began = time.perf_counter()
+        try:
+            step = await self.envs.step(episode_id, parsed)
+        except EnvTimeout:
+            progress.cut = "env_timeout"
+            return True
+        except EnvFailed:
+            progress.cut, progress.reward = "env_error", 0.0
+            return True
+        finally:
+            progress.env_wait_s += time.perf_counter() - began
+        progress.reward += step.reward or 0.0
+        progress.tool_errors += step.tool_errors
+        if step.done:
+            return True
+        observation = self.chat.observation_ids(step.messages, tools, turn.token_ids[-1])
+        progress.cut = self._over(traj, len(observation))
+        if progress.cut:
+            return True
+        traj.add_observation(observation, self.sampler.version)
+        messages.extend(step.messages)
+        return False
+
+    def _failed_start(self, prompt_ids: list[int], progress: _Progress, err: Exception) -> EpisodeResult:
+        """An episode whose environment failed to start: no turn, nothing to train on, reward 0."""
+        progress.cut = "env_timeout" if isinstance(err, EnvTimeout) else "env_error"
+        return EpisodeResult(Trajectory(prompt_ids), "", "length", progress.episode(False))

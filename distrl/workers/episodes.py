@@ -1,0 +1,114 @@
+"""`EngineStepper`: one in-process vLLM engine (`LLMEngine`, stepped) serving the turns of many episodes at once.
+
+Every episode that has a turn to take has a request in the engine, and each engine step advances all of them
+(continuous batching); an episode waiting on its environment has none, so it costs no engine time. Episodes are
+asyncio tasks on the rollout worker's event loop; the stepper runs between them, yielding after every step so that
+environment calls progress. Outputs come as deltas, so each sampled token is stamped with the policy version the
+engine served at the step that sampled it. The synchronous engine is stepped rather than `AsyncLLM` because it
+keeps the engine core in this process, where weights are reloaded in place (see `distrl.workers.rollout`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from distrl.agents.episode import Sampled
+
+
+@dataclass
+class _Request:
+    future: asyncio.Future
+    prompt_ids: list[int] | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    text: str = ""
+
+
+class EngineStepper:
+    """Samples turns on `engine` (a vLLM `LLMEngine`). `make_params(max_tokens, seed)` builds a request's
+    `SamplingParams`; `version()` is the policy version served now; `decode(ids)` gives a turn's text where the
+    engine did not detokenize."""
+
+    def __init__(self, engine: Any, make_params: Callable[[int, int], Any], version: Callable[[], int],
+                 decode: Callable[[list[int]], str]):
+        self.engine, self.make_params, self._version, self.decode = engine, make_params, version, decode
+        self.requests: dict[str, _Request] = {}
+        self._ids = itertools.count()
+        self._wake = asyncio.Event()
+        self._closing = False
+
+    @property
+    def version(self) -> int:
+        return self._version()
+
+    async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> Sampled:
+        from vllm.inputs import TokensPrompt
+
+        request_id = f"turn-{next(self._ids)}"
+        request = _Request(asyncio.get_running_loop().create_future())
+        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)),
+                                self.make_params(max_tokens, seed))
+        self.requests[request_id] = request
+        self._wake.set()
+        return await request.future
+
+    async def run(self) -> None:
+        """Step the engine while requests are waiting, until `close()`; an engine error fails every waiting turn."""
+        while True:
+            if not self.requests:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as err:
+                for request in self.requests.values():
+                    request.future.set_exception(err)
+                self.requests.clear()
+                raise
+            version = self.version
+            for out in outputs:
+                self._collect(out, version)
+            await asyncio.sleep(0)  # episodes whose turn finished (and environment calls) run now
+
+    def _collect(self, out: Any, version: int) -> None:
+        request = self.requests[out.request_id]
+        if request.prompt_ids is None and out.prompt_token_ids is not None:
+            request.prompt_ids = list(out.prompt_token_ids)
+        completion = out.outputs[0]
+        new = list(completion.token_ids)
+        request.token_ids += new
+        if completion.logprobs is not None:
+            request.logprobs += list(completion.logprobs.logprobs)[-len(new):] if new else []
+        request.versions += [version] * len(new)
+        request.text += completion.text or ""
+        if out.finished:
+            del self.requests[out.request_id]
+            if len(request.logprobs) != len(request.token_ids):
+                request.future.set_exception(RuntimeError(
+                    f"vLLM returned {len(request.logprobs)} log-probs for a turn of {len(request.token_ids)} "
+                    f"tokens; expected one per sampled token"))
+                return
+            text = request.text if request.text else self.decode(request.token_ids)
+            request.future.set_result(Sampled(request.prompt_ids or [], request.token_ids, request.logprobs,
+                                              request.versions, text, completion.finish_reason or "length"))
+
+    def abort(self) -> None:
+        """Drop every request still in the engine (an episode failed: the others' turns are not wanted)."""
+        if self.requests:
+            self.engine.abort_request(list(self.requests))
+            for request in self.requests.values():
+                request.future.cancel()
+            self.requests.clear()
+
+    def close(self) -> None:
+        """`run` returns once no request is left."""
+        self._closing = True
+        self._wake.set()
