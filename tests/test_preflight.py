@@ -160,6 +160,26 @@ def test_a_ray_job_needs_an_absolute_output_dir(tiny_model_dir, toy_dataset, tmp
     check(make_cfg(tiny_model_dir, toy_dataset, tmp_path, run={"output_dir": "runs"}))  # outside a job: fine
 
 
+def test_the_readme_ray_job_command_passes_the_preflight(tmp_path, monkeypatch, capsys):
+    """The README's `ray job submit ... -- distrl train ...`, as the submitting shell expands it, is a command the
+    job's preflight accepts (the quickstart's relative `runs` alone is refused there)."""
+    import shlex
+
+    from distrl.cli import main
+
+    readme = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    (line,) = [line for line in readme.splitlines() if line.startswith("ray job submit ")]
+    monkeypatch.setenv("PWD", str(tmp_path))  # the submitting shell's working directory
+    entrypoint = [os.path.expandvars(arg) for arg in shlex.split(line.split(" -- ", 1)[1])]
+    assert entrypoint[:4] == ["distrl", "train", "--config", "configs/quickstart.yaml"], entrypoint
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.chdir(ROOT)
+    assert main(["validate", *entrypoint[3:]]) == 0, capsys.readouterr().err
+    assert f"output_dir: {tmp_path}/runs\n" in capsys.readouterr().out
+    assert main(["validate", "configs/quickstart.yaml"]) == 2
+    assert "run.output_dir: 'runs' is relative" in capsys.readouterr().err
+
+
 def test_every_problem_is_reported_at_once(tiny_model_dir, toy_dataset, tmp_path):
     cfg = make_cfg(tiny_model_dir, toy_dataset, tmp_path, data={"path": str(tmp_path / "none.jsonl")},
                    reward={"function": "nowhere:x"}, rollout={"max_model_len": 4096})

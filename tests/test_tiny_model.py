@@ -147,3 +147,18 @@ def test_a_tiny_model_being_built_is_not_read_before_it_is_complete(tmp_path, mo
     resolve_model_path(cfg)
     assert (tmp_path / "model" / "config.json").read_text() == "{}"
     builder.join()
+
+
+def test_vocabularies_below_the_byte_alphabet_take_the_corpus_characters(tmp_path):
+    """Bytes and special tokens make 262 tokens: a smaller vocabulary is built from the corpus's own characters, and
+    one that cannot hold them is refused rather than silently exceeded."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    out = make_tiny_model(tmp_path / "m", vocab_size=16, hidden_size=16, num_layers=1, num_heads=2,
+                          corpus=["0123456789"])
+    cfg, tok = AutoConfig.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    assert cfg.vocab_size == len(tok) == 16
+    assert tok.decode(tok("2026")["input_ids"], skip_special_tokens=True) == "2026"
+    with pytest.raises(ValueError, match=r"make 17 tokens, more than vocab_size = 16: pass a corpus of fewer"):
+        make_tiny_model(tmp_path / "n", vocab_size=16, hidden_size=16, num_layers=1, num_heads=2,
+                        corpus=["0123456789a"])

@@ -256,8 +256,8 @@ def served_fingerprint(model: torch.nn.Module) -> Fingerprint:
     A linear layer's weight (and the LM head's) is sampled through the layer's own GEMM on one-hot inputs: on CPU
     vLLM packs it for oneDNN and drops the parameter, and on any device this reads what the kernel multiplies by.
     Fused layers (`qkv_proj`, `gate_up_proj`) are split back into their HF tensors by the model's
-    `packed_modules_mapping` and the layer's output sizes. Embedding rows past the vocabulary (vLLM's padding) are
-    left out."""
+    `packed_modules_mapping` and the layer's output sizes. Rows past the vocabulary (vLLM pads the embedding and the
+    LM head to a multiple of 64 rows), and the LM head's output sizes that count them, are left out."""
     from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
@@ -272,14 +272,16 @@ def served_fingerprint(model: torch.nn.Module) -> Fingerprint:
                 one_hot = torch.zeros(len(picked), width, dtype=module.weight.dtype, device=module.weight.device)
                 one_hot[torch.arange(len(picked)), picked.to(one_hot.device)] = 1
                 rows = module.quant_method.apply(module, one_hot).T  # [N, S]: W[:, picked]
-                if isinstance(module, ParallelLMHead):
+                sizes = getattr(module, "output_partition_sizes", [rows.shape[0]])
+                bias = getattr(module, "bias", None)
+                if isinstance(module, ParallelLMHead):  # its output sizes count the padding rows too
                     rows = rows[:module.num_embeddings]
+                    sizes = [module.num_embeddings]
+                    bias = None if bias is None else bias[:module.num_embeddings]
                 leaf = prefix.rpartition(".")[2]
                 names = packed.get(leaf, [leaf])
-                sizes = getattr(module, "output_partition_sizes", [rows.shape[0]])
                 if len(names) != len(sizes):  # a fused layer under one HF name (e.g. Phi-3's qkv_proj)
                     names, sizes = [leaf], [rows.shape[0]]
-                bias = getattr(module, "bias", None)
                 for i, (name, part) in enumerate(zip(names, rows.split(sizes), strict=True)):
                     full = f"{parent}.{name}" if parent else name
                     out[f"{full}.weight"] = of_sample(part)

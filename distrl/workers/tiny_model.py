@@ -18,6 +18,9 @@ CONTEXT_LENGTH = 512
 """Positions the tiny model takes (its max_position_embeddings)."""
 ROLES = ("system", "user", "assistant")
 ROLE_TOKENS = tuple(f"<|{role}|>" for role in ROLES)
+SPECIAL_TOKENS = (BOS, EOS, PAD, *ROLE_TOKENS)
+BYTES = 256
+"""Size of the byte-level alphabet: with it, every text is encodable."""
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -59,19 +62,29 @@ def default_corpus() -> list[str]:
 
 
 def train_tokenizer(corpus: list[str], vocab_size: int):
-    """A byte-level BPE `tokenizers.Tokenizer` that prepends BOS when asked to add special tokens."""
+    """A byte-level BPE `tokenizers.Tokenizer` of at most `vocab_size` tokens that prepends BOS when asked to add
+    special tokens.
+
+    Its alphabet is every byte when `vocab_size` has room for them and the special tokens (262); below that, only the
+    characters of `corpus` (then other characters are not encodable: BPE without an unknown token drops them), and
+    `vocab_size` must still hold those and the special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+    every_byte = len(SPECIAL_TOKENS) + BYTES <= vocab_size
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[BOS, EOS, PAD, *ROLE_TOKENS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte is encodable, so nothing is <unk>
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if every_byte else [],
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
+    if tok.get_vocab_size() > vocab_size:  # the trainer never drops a character of the alphabet to fit
+        raise ValueError(f"tiny model tokenizer: the corpus's characters and the {len(SPECIAL_TOKENS)} special "
+                         f"tokens make {tok.get_vocab_size()} tokens, more than vocab_size = {vocab_size}: pass a "
+                         f"corpus of fewer distinct characters")
     # The ByteLevel post-processor would not prepend BOS; Llama-style tokenizers do, so prompts carry it.
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
@@ -90,8 +103,9 @@ def make_tiny_model(out_dir: str | Path, *, arch: str = "llama", vocab_size: int
     `Qwen2ForCausalLM` as in Qwen2.5: the LM head tied to the input embeddings, biases on the q/k/v projections,
     and grouped-query attention with `num_heads // 2` key/value heads.
 
-    The tokenizer is trained on `corpus` (default: `default_corpus()`) and has at
-    most `vocab_size` tokens; the model's vocabulary is exactly the tokenizer's. Same arguments, same bytes.
+    The tokenizer is trained on `corpus` (default: `default_corpus()`) and has at most `vocab_size` tokens (fewer
+    when the corpus runs out of merges; below 262, see `train_tokenizer`); the model's vocabulary is exactly the
+    tokenizer's. Same arguments, same bytes.
     """
     import torch
     from transformers import (
