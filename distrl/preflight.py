@@ -22,7 +22,7 @@ import math
 import os
 from pathlib import Path
 
-from distrl.config import Config, DataConfig, RewardConfig, RunConfig
+from distrl.config import Config, DataConfig, EnvConfig, RewardConfig, RunConfig
 from distrl.data import DataError, check_rows
 from distrl.run_dir import reuse_problem
 
@@ -54,7 +54,10 @@ def check(cfg: Config) -> None:
     problems: list[str] = []
     tokenizer = _model(cfg, problems)
     _data(cfg.data, tokenizer, problems)
-    _reward(cfg.reward, problems)
+    if cfg.env is None:
+        _reward(cfg.reward, problems)
+    else:
+        _env(cfg.env, problems)
     _run_dir(cfg.run, problems)
     _resources(cfg, problems)
     if problems:
@@ -207,6 +210,23 @@ def _reward(reward: RewardConfig, problems: list[str]) -> None:
         resolve_reward(reward.function)
     except ValueError as err:
         problems.append(f"reward.function: {err}")
+
+
+def _env(env: EnvConfig, problems: list[str]) -> None:
+    """The environment class resolves, has the protocol's coroutines, and takes `env.kwargs`."""
+    import inspect
+
+    from distrl.agents.env import resolve_env
+
+    try:
+        cls = resolve_env(env.cls)
+    except ValueError as err:
+        problems.append(f"env.class: {err}")
+        return
+    try:
+        inspect.signature(cls).bind(**env.kwargs)
+    except TypeError as err:
+        problems.append(f"env.kwargs: {env.cls} does not take {sorted(env.kwargs)}: {err}")
 
 
 def _run_dir(run: RunConfig, problems: list[str]) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distrl import checkpoint
+from distrl.agents.figures import episode_metrics
 from distrl.config import Config, RunConfig, to_yaml
 from distrl.metrics import JsonlSink, MetricsLogger, RayMetricsSink, Sink, TensorBoardSink
 
@@ -164,6 +165,8 @@ class RunDir:
             "response_length/truncated_frac": statistics.fmean(f == "length" for f in rollouts.finish_reasons),
             "data/dropped_prompts": float(data_stats.dropped),
         })
+        if self.cfg.env is not None:
+            m.update(episode_metrics(rollouts))
         m.update({RENAMES.get(k, k): v for k, v in metrics.items()})
         m.update(times)
         generate = times.get("time/generate", 0.0)

@@ -60,7 +60,7 @@ class Episode:
     reward           the environment's reward (the sum of its steps' rewards); None when a reward function scores
                      the sample afterwards
     cut              why the episode ended before its environment said it was done ("max_turns", "max_tokens",
-                     "context", "turn_length", "env_timeout", "env_error"), or None
+                     "context", "env_timeout", "env_error"), or None
     drift            tokens where the trajectory differs from what the engine was given and sampled (must be 0)
     template_drift   whether rendering the episode's messages through the chat template anew would give other
                      token ids than the trajectory (what a text-based assembly would train on instead)

@@ -49,13 +49,15 @@ class Start:
 class Turn:
     """The model's turn. `text`: all of it, decoded (tool-call markup included); `content`: the text outside tool
     calls; `tool_calls`: the calls parsed from it; `parse_error`: why markup that looks like a tool call could not
-    be parsed (then `tool_calls` is empty), else None; `index`: 0 for the first turn."""
+    be parsed (then `tool_calls` is empty), else None; `index`: 0 for the first turn; `finish_reason`: "stop"
+    (the model ended its turn) or "length" (cut at `rollout.sampling.max_new_tokens`)."""
 
     text: str
     content: str
     tool_calls: list[ToolCall]
     parse_error: str | None
     index: int
+    finish_reason: str = "stop"
 
     def as_message(self) -> dict[str, Any]:
         """The turn as the assistant message of a chat history (transformers' tool-call layout)."""

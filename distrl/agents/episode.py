@@ -201,13 +201,12 @@ class EpisodeRunner:
         progress.turns += 1
         progress.finish = turn.finish_reason
         progress.texts.append(turn.text)
-        if turn.finish_reason == "length":
-            progress.cut = self._over(traj, 0) or ("max_tokens" if room < self.budget.max_new_tokens
-                                                   else "turn_length")
+        if turn.finish_reason == "length" and room < self.budget.max_new_tokens:
+            progress.cut = self._over(traj, 0) or "max_tokens"  # the episode's budget, not the turn's, ran out
             return True
         content, calls, parse_error = (self.parser.parse(turn.text) if self.parser is not None
                                        else (turn.text, [], None))
-        parsed = Turn(turn.text, content, calls, parse_error, index)
+        parsed = Turn(turn.text, content, calls, parse_error, index, turn.finish_reason)
         progress.tool_calls += len(calls)
         progress.parse_errors += parse_error is not None
         messages.append(parsed.as_message())
@@ -226,7 +225,14 @@ class EpisodeRunner:
         progress.tool_errors += step.tool_errors
         if step.done:
             return True
-        observation = self.chat.observation_ids(step.messages, tools, turn.token_ids[-1])
+        # A turn cut at rollout.sampling.max_new_tokens did not write its end-of-turn token: the template's is
+        # given to the model (not trained on) before the observation, as the template would have written it.
+        closed = turn.finish_reason != "length"
+        end = turn.token_ids[-1] if closed else self.end_of_turn
+        if end is None:
+            raise ValueError("a turn that reached rollout.sampling.max_new_tokens needs the end-of-turn token "
+                             "(the tokenizer's eos_token) to be closed before the environment's answer")
+        observation = ([] if closed else [end]) + self.chat.observation_ids(step.messages, tools, end)
         progress.cut = self._over(traj, len(observation))
         if progress.cut:
             return True

@@ -173,6 +173,9 @@ class Producer:
             # becomes idle once it serves.
             self.idle.append(chunk.actor)
             self._idle_since[chunk.actor] = time.perf_counter()
+        if all(e.reward is not None for e in part.episodes):  # the environment rewarded every episode
+            self._on_scored(chunk, [float(e.reward or 0.0) for e in part.episodes], 0, None)
+            return
         by_ticket = dict(zip(chunk.tickets, chunk.prompts, strict=True))
         items = [(by_ticket[g].text, text, by_ticket[g].row())
                  for g, text in zip(part.group, part.response_texts, strict=True)]
@@ -272,8 +275,8 @@ class Producer:
         """Actors being replaced: weight pushes leave them out (they load the weights when they are ready)."""
         return {actor for actor, _, _ in self.replacing.values()}
 
-    def _on_scored(self, chunk: _Chunk) -> None:
-        scores, errors, last = rewards.collect(self.backend, chunk.scoring)
+    def _on_scored(self, chunk: _Chunk, scores: list[float], errors: int, last: str | None) -> None:
+        """`chunk`'s samples are scored (`errors` of them failed in the reward function, the `last` one so)."""
         self.stats.scored += len(scores)
         self.stats.reward_errors += errors
         self.stats.last_reward_error = last or self.stats.last_reward_error
@@ -316,7 +319,7 @@ class Producer:
                 chunk = self.scoring.pop(handle)
                 chunk.left.discard(handle)
                 if not chunk.left:
-                    self._on_scored(chunk)
+                    self._on_scored(chunk, *rewards.collect(self.backend, chunk.scoring))
         return [h for h in done if any(h is a for a in also)]
 
     def wait_for(self, handles: list[Any], what: list[str] | None = None) -> list[Any]:

@@ -123,7 +123,8 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
         rollout_worker, "rollout", c.rollout, placements["rollout"], run_name=name,
         env=actor_env("rollout", cfg, ENGINE_ENV),
         init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.data.max_prompt_tokens,
-                                                       seed=sampling_seed(cfg), num_gpus=c.rollout.num_gpus)))
+                                                       seed=sampling_seed(cfg), num_gpus=c.rollout.num_gpus,
+                                                       environment=cfg.env)))
     groups.append(rollout)
     learner = backend.group(
         Learner, "learner", c.learner, placements["learner"], run_name=name, env=actor_env("learner", cfg),

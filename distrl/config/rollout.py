@@ -39,7 +39,8 @@ class RolloutConfig(Section):
     """Engine dtype. A dtype lower than the learner's creates the rollout/trainer mismatch that `loss.correction`
     corrects."""
     max_model_len: int | None = Field(default=None, gt=0)
-    """Engine context length; null means max_prompt_tokens + max_new_tokens."""
+    """Engine context length; null means data.max_prompt_tokens + sampling.max_new_tokens, or with an `env` section
+    (multi-turn episodes) the model's own context length."""
     tensor_parallel_size: int = Field(default=1, gt=0)
     """vLLM tensor parallelism per rollout actor (GPU only; each actor then needs that many GPUs)."""
     gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)

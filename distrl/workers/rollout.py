@@ -90,7 +90,9 @@ class RolloutWorker:
             trust_remote_code=model.trust_remote_code,
             dtype=cfg.dtype,
             seed=seed,
-            max_model_len=cfg.max_model_len or max_prompt_tokens + cfg.sampling.max_new_tokens,
+            # One-turn episodes need the longest prompt and response; multi-turn ones, the model's own context.
+            max_model_len=cfg.max_model_len or (None if environment
+                                                else max_prompt_tokens + cfg.sampling.max_new_tokens),
             enforce_eager=cfg.enforce_eager,
             tensor_parallel_size=cfg.tensor_parallel_size,
             logprobs_mode="processed_logprobs",
@@ -102,7 +104,7 @@ class RolloutWorker:
             engine_args.update(kv_cache_memory_bytes=cfg.kv_cache_bytes, distributed_executor_backend="uni")
         self.llm = LLM(**engine_args)
         self.tokenizer = self.llm.get_tokenizer()
-        context = engine_args["max_model_len"]
+        context = self.llm.llm_engine.model_config.max_model_len
         self.chat = ChatRenderer(self.tokenizer)
         self.end_of_turn = self.tokenizer.eos_token_id
         self.envs: EnvHost | None = None

@@ -24,15 +24,35 @@ BYTES = 256
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}"
+    "<|system|>\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{{ '\n\n' }}{% endif %}"
+    "# Tools\n\nYou may call functions. Their signatures are within <tools></tools>:\n<tools>"
+    "{% for tool in tools %}{{ '\n' }}{{ tool | tojson }}{% endfor %}{{ '\n' }}</tools>\n\n"
+    "For each call, write a JSON object with the function's name and arguments within <tool_call></tool_call>:\n"
+    "<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>{{ eos_token }}\n"
+    "{% endif %}"
     "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('unknown chat role: ' ~ message['role']) }}"
     "{% endif %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% if message['role'] == 'tool' %}"
+    "<|user|>\n<tool_response>\n{{ message['content'] }}\n</tool_response>{{ eos_token }}\n"
+    "{% elif not (tools and loop.first and message['role'] == 'system') %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{% if message['content'] or not loop.first %}{{ '\n' }}{% endif %}"
+    "<tool_call>\n{\"name\": \"{{ call['function']['name'] }}\", "
+    "\"arguments\": {{ call['function']['arguments'] | tojson }}}\n</tool_call>"
+    "{% endfor %}"
+    "{{ eos_token }}\n"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-"""`<|bos|><|user|>\\nHi<|eos|>\\n<|assistant|>\\n`: the assistant's turn ends with EOS, where sampling stops."""
+"""`<|bos|><|user|>\\nHi<|eos|>\\n<|assistant|>\\n`: the assistant's turn ends with EOS, where sampling stops. With
+`tools`, a system turn lists their schemas and the Hermes call format (as Qwen2.5's template does, so vLLM's
+`hermes` parser reads the calls); an assistant's `tool_calls` are written in that format, and a `tool` message is a
+user turn wrapped in `<tool_response>`. Without tools, the rendering is what it always was."""
 
 GENERIC_TEXT = (
     "The quick brown fox jumps over the lazy dog.",
