@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from distrl import config
-from distrl.cluster.group import ActorLost
+from distrl.cluster.backend import ActorLost
 from distrl.cluster.producer import default_chunk
 from distrl.driver import train
 from distrl.workers.fingerprint import WeightMismatch
