@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distrl.cluster.group import ActorLost
+from distrl.cluster.backend import ActorLost
 from tests.hf_rollout import HFRolloutWorker
 
 

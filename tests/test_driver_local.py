@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from distrl import config
-from distrl.cluster.group import ActorLost
+from distrl.cluster.backend import ActorLost
 from distrl.cluster.producer import default_chunk
 from distrl.driver import train
 from distrl.workers.fingerprint import WeightMismatch
@@ -114,18 +114,19 @@ def test_a_reward_that_always_fails_stops_the_run_even_when_its_groups_are_filte
 @pytest.fixture
 def trained_groups(monkeypatch) -> list[list[int]]:
     """The prompt tickets each step trained on, in step order."""
-    import distrl.driver
-    import distrl.driver_async
+    import distrl.loop.asynchronous
+    import distrl.loop.phases
+    import distrl.loop.sync
 
     steps: list[list[int]] = []
-    real = distrl.driver.end_step
+    real = distrl.loop.phases.end_step
 
     def recording(job, step, scored, *args, **kwargs):
         steps.append(sorted(set(scored.rollouts.group)))
         return real(job, step, scored, *args, **kwargs)
 
-    monkeypatch.setattr(distrl.driver, "end_step", recording)
-    monkeypatch.setattr(distrl.driver_async, "end_step", recording)
+    monkeypatch.setattr(distrl.loop.sync, "end_step", recording)
+    monkeypatch.setattr(distrl.loop.asynchronous, "end_step", recording)
     return steps
 
 

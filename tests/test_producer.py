@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from distrl.cluster.backend import LocalBackend
-from distrl.cluster.group import ActorLost, Done, LocalGroup
+from distrl.cluster.backend import ActorLost, Done, LocalBackend
+from distrl.cluster.group import LocalGroup
 from distrl.cluster.producer import Producer, default_chunk
 from distrl.config import RecoveryConfig, RewardConfig
 from distrl.data import PromptStream

@@ -12,7 +12,7 @@ import torch
 
 from distrl import checkpoint, config
 from distrl.cluster.roles import actor_env, role_threads, sampling_seed
-from distrl.driver_checkpoints import check_shared_run_dir
+from distrl.loop.recovery import check_shared_run_dir
 from distrl.preflight import PreflightError
 from distrl.run_dir import RunDir
 from distrl.types import Prompt, ScoredRollouts

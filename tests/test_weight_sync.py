@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from distrl.cluster.backend import LocalBackend
-from distrl.cluster.group import ActorLost, Done, LocalGroup
+from distrl.cluster.backend import ActorLost, Done, LocalBackend
+from distrl.cluster.group import LocalGroup
 from distrl.cluster.weight_sync import NcclSync, ObjectStoreSync, StreamedBuckets
 from distrl.workers import nccl
 from distrl.workers.rollout import RolloutWorker, UnusableEngine

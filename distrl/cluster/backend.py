@@ -5,6 +5,10 @@ process). `cluster.backend` picks one; the driver sees only this interface, so i
 on 127.0.0.1, the dashboard too unless `cluster.dashboard_host` says otherwise, token auth on: `loopback_cluster`),
 or an existing one (a Ray job, `cluster.address`, `RAY_ADDRESS`). `close()` shuts down only what it started; an
 embedded cluster whose driver dies without `close()` (SIGKILL) is ended by `distrl.cluster.reaper`.
+
+The floor of `distrl.cluster`: it starts workers (`actors`) and resolves their handles, and imports no cluster
+module but the reaper. Groups (`distrl.cluster.group`) wrap the workers it starts; placements
+(`distrl.cluster.placement`) are made beside it.
 """
 
 from __future__ import annotations
@@ -17,31 +21,42 @@ import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from distrl.cluster import reaper
-from distrl.cluster.group import ActorGroup, ActorLost, Done, LocalGroup, Placement, RayGroup
 from distrl.config import ClusterConfig, RoleResources
 
 Init = Callable[[int], tuple[tuple, dict]]
 """`init(i)` gives worker i's constructor (args, kwargs)."""
+
+Make = Callable[[int, int], Any]
+"""`make(i, incarnation)` starts worker i (a Ray actor handle, or a worker instance) and returns it."""
+
+
+class ActorLost(RuntimeError):
+    """A worker's process is gone (killed, out of memory, its node lost); Ray reports it as `RayActorError`. Fakes
+    in tests raise it to stand for that."""
+
+
+@dataclass(eq=False)  # compared and hashed by identity, like a Ray ObjectRef
+class Done:
+    """A local call's outcome, already there: its value, or the exception it raised (raised again by `get`)."""
+
+    value: Any = None
+    error: BaseException | None = None
 
 
 class Backend(ABC):
     description: str
 
     @abstractmethod
-    def group(self, worker: type, role: str, resources: RoleResources, placement: Placement | None, *,
-              run_name: str, init: Init, env: dict[str, str]) -> ActorGroup:
-        """Start `resources.num_actors` workers of `worker` for `role`."""
-
-    @abstractmethod
-    def place(self, roles: dict[str, RoleResources], colocate: bool, run_name: str) -> dict[str, Placement | None]:
-        """Reserve each role's resources (or nothing, locally)."""
-
-    @abstractmethod
-    def release(self, placements: dict[str, Placement | None]) -> None: ...
+    def actors(self, worker: type, role: str, resources: RoleResources, *, run_name: str, init: Init,
+               env: dict[str, str], scheduling: Callable[[int], Any] | None) -> Make:
+        """How to start worker i of `role` (and its replacements) as a `worker` with `resources`: `make(i,
+        incarnation)`. `scheduling(i)` is Ray's scheduling strategy for worker i (its placement bundle: see
+        `distrl.cluster.placement`), None where nothing is placed."""
 
     @abstractmethod
     def task(self, fn: Callable, *args: Any, num_cpus: float, max_retries: int = 0) -> Any:
@@ -77,19 +92,13 @@ class Backend(ABC):
 class LocalBackend(Backend):
     description = "local backend: every worker in this process (no Ray)"
 
-    def group(self, worker: type, role: str, resources: RoleResources, placement: Placement | None, *,
-              run_name: str, init: Init, env: dict[str, str]) -> ActorGroup:
+    def actors(self, worker: type, role: str, resources: RoleResources, *, run_name: str, init: Init,
+               env: dict[str, str], scheduling: Callable[[int], Any] | None) -> Make:
         def make(i: int, incarnation: int) -> Any:
             args, kwargs = init(i)
             return worker(*args, **kwargs)
 
-        return LocalGroup(role, self, make, resources.num_actors)
-
-    def place(self, roles: dict[str, RoleResources], colocate: bool, run_name: str) -> dict[str, Placement | None]:
-        return dict.fromkeys(roles)
-
-    def release(self, placements: dict[str, Placement | None]) -> None:
-        pass
+        return make
 
     def task(self, fn: Callable, *args: Any, num_cpus: float, max_retries: int = 0) -> Done:
         try:
@@ -142,12 +151,11 @@ class RayBackend(Backend):
                                 f"http://{ctx.dashboard_url or 'unavailable'}"
                                 + (f" (its token is in {token} while the run lasts)" if token else ""))
 
-    def group(self, worker: type, role: str, resources: RoleResources, placement: Placement | None, *,
-              run_name: str, init: Init, env: dict[str, str]) -> ActorGroup:
+    def actors(self, worker: type, role: str, resources: RoleResources, *, run_name: str, init: Init,
+               env: dict[str, str], scheduling: Callable[[int], Any] | None) -> Make:
         import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        assert placement is not None, "RayBackend.group needs the role's placement (RayBackend.place)"
+        assert scheduling is not None, "RayBackend.actors needs the role's placement (distrl.cluster.placement.place)"
         remote_cls: Any = ray.remote(worker)
 
         def make(i: int, incarnation: int) -> Any:
@@ -159,23 +167,12 @@ class RayBackend(Backend):
                 num_cpus=resources.num_cpus,
                 num_gpus=resources.num_gpus,
                 runtime_env={"env_vars": env},
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=placement.group, placement_group_bundle_index=placement.bundle_indices[i]),
+                scheduling_strategy=scheduling(i),
                 # One call at a time, in submission order: a weight push queues behind an in-flight generate.
                 max_concurrency=1,
             ).remote(*args, **kwargs)
 
-        return RayGroup(role, self, make, resources.num_actors)
-
-    def place(self, roles: dict[str, RoleResources], colocate: bool, run_name: str) -> dict[str, Placement | None]:
-        from distrl.cluster.placement import place
-
-        return dict(place(roles, colocate, run_name))
-
-    def release(self, placements: dict[str, Placement | None]) -> None:
-        from distrl.cluster.placement import release
-
-        release({role: p for role, p in placements.items() if p is not None})
+        return make
 
     def task(self, fn: Callable, *args: Any, num_cpus: float, max_retries: int = 0) -> Any:
         import ray

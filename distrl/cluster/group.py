@@ -1,8 +1,8 @@
 """Actor groups: N workers of one plain class, with typed fan-out. Two backends behind one API:
 
-- `RayGroup`: N Ray actors placed in a placement group. `ray.remote` is applied here, when the group is created,
-  with resources from config; worker classes never know about Ray. Actors are named `distrl/<run>/<role>-<index>`
-  so the Ray dashboard's actor list reads by role.
+- `RayGroup`: N Ray actors placed in a placement group. `ray.remote` is applied when the group is created
+  (`start_group`, through `RayBackend.actors`), with resources from config; worker classes never know about Ray.
+  Actors are named `distrl/<run>/<role>-<index>` so the Ray dashboard's actor list reads by role.
 - `LocalGroup`: N worker instances in the driver's process. A call runs at once and returns a resolved `Done`
   handle, so the driver's loop runs unchanged, in seconds, under a debugger.
 
@@ -12,45 +12,22 @@ recognised as already dealt with.
 
 Calls name the worker's method object (`group.map(ReferenceWorker.logprobs, shards)`), never a string, so renaming
 a method is a refactor, not a runtime error. Handles are resolved by the group's `Backend` (`get`, `wait`).
+
+`start_group` creates a role's group: it asks the backend for the role's workers (`Backend.actors`), each on its
+bundle of the role's `Placement`. Above `distrl.cluster.backend` and `distrl.cluster.placement`; neither imports it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-if TYPE_CHECKING:
-    from ray.util.placement_group import PlacementGroup
-
-    from distrl.cluster.backend import Backend
+from distrl.cluster.backend import Backend, Done, Init, Make, RayBackend
+from distrl.cluster.placement import Placement
+from distrl.config import RoleResources
 
 W = TypeVar("W")
-
-Make = Callable[[int, int], Any]
-"""`make(i, incarnation)` starts worker i (a Ray actor handle, or a worker instance) and returns it."""
-
-
-class ActorLost(RuntimeError):
-    """A worker's process is gone (killed, out of memory, its node lost); Ray reports it as `RayActorError`. Fakes
-    in tests raise it to stand for that."""
-
-
-@dataclass
-class Placement:
-    """Where a role's Ray actors go: a placement group and the bundle index of each actor."""
-
-    group: PlacementGroup
-    bundle_indices: list[int]
-
-
-@dataclass(eq=False)  # compared and hashed by identity, like a Ray ObjectRef
-class Done:
-    """A local call's outcome, already there: its value, or the exception it raised (raised again by `get`)."""
-
-    value: Any = None
-    error: BaseException | None = None
 
 
 def method_name(method: Callable) -> str:
@@ -181,3 +158,13 @@ class LocalGroup(ActorGroup[W]):
 
     def dead(self) -> list[int]:
         return []  # in this process: a worker that "dies" (a test's fake) raises ActorLost from its call
+
+
+def start_group(backend: Backend, worker: type, role: str, resources: RoleResources, placement: Placement | None, *,
+                run_name: str, init: Init, env: dict[str, str]) -> ActorGroup:
+    """Start `resources.num_actors` workers of `worker` for `role` on `backend`: Ray actors on the bundles of
+    `placement` (a `RayGroup`), or instances in this process (a `LocalGroup`, no placement)."""
+    make = backend.actors(worker, role, resources, run_name=run_name, init=init, env=env,
+                          scheduling=placement.scheduling if placement is not None else None)
+    kind: type[ActorGroup] = RayGroup if isinstance(backend, RayBackend) else LocalGroup
+    return kind(role, backend, make, resources.num_actors)

@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from distrl.cluster.backend import Backend
-from distrl.cluster.group import ActorGroup, RayGroup
+from distrl.cluster.group import ActorGroup, RayGroup, start_group
+from distrl.cluster.placement import place, release
 from distrl.cluster.weight_sync import WeightSync, make_weight_sync
 from distrl.config import Config, RoleResources
 from distrl.workers.critic import Critic
@@ -100,14 +101,14 @@ def started_roles(cfg: Config, backend: Backend, rollout_worker: type = RolloutW
         demands["reference"] = c.reference
     if cfg.critic is not None:
         demands["critic"] = c.critic
-    placements = backend.place(demands, colocate=c.colocate, run_name=cfg.run.name)
+    placements = place(backend, demands, colocate=c.colocate, run_name=cfg.run.name)
     groups: list[ActorGroup] = []
     try:
         yield _start(cfg, backend, placements, groups, rollout_worker)
     finally:
         for group in groups:
             group.kill()
-        backend.release(placements)
+        release(placements)
 
 
 def sampling_seed(cfg: Config) -> int:
@@ -119,15 +120,15 @@ def sampling_seed(cfg: Config) -> int:
 def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGroup], rollout_worker: type) -> Roles:
     c, name = cfg.cluster, cfg.run.name
     temperature = cfg.rollout.sampling.temperature
-    rollout = backend.group(
-        rollout_worker, "rollout", c.rollout, placements["rollout"], run_name=name,
+    rollout = start_group(
+        backend, rollout_worker, "rollout", c.rollout, placements["rollout"], run_name=name,
         env=actor_env("rollout", cfg, ENGINE_ENV),
         init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.data.max_prompt_tokens,
                                                        seed=sampling_seed(cfg), num_gpus=c.rollout.num_gpus,
                                                        environment=cfg.env)))
     groups.append(rollout)
-    learner = backend.group(
-        Learner, "learner", c.learner, placements["learner"], run_name=name, env=actor_env("learner", cfg),
+    learner = start_group(
+        backend, Learner, "learner", c.learner, placements["learner"], run_name=name, env=actor_env("learner", cfg),
         init=lambda i: ((cfg.model, cfg.learner, cfg.loss), dict(
             temperature=temperature, norm_len=cfg.loss.policy.norm_len or cfg.rollout.sampling.max_new_tokens,
             mini_batch_size=cfg.mini_batch_size, total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed,
@@ -135,16 +136,16 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
     groups.append(learner)
     reference = None
     if cfg.needs_reference:
-        reference = backend.group(
-            ReferenceWorker, "reference", c.reference, placements["reference"], run_name=name,
+        reference = start_group(
+            backend, ReferenceWorker, "reference", c.reference, placements["reference"], run_name=name,
             env=actor_env("reference", cfg),
             init=lambda i: ((cfg.reference, cfg.model), dict(temperature=temperature, num_gpus=c.reference.num_gpus)))
         groups.append(reference)
     critic = None
     if cfg.critic is not None:
         critic_cfg = cfg.critic
-        critic = backend.group(
-            Critic, "critic", c.critic, placements["critic"], run_name=name, env=actor_env("critic", cfg),
+        critic = start_group(
+            backend, Critic, "critic", c.critic, placements["critic"], run_name=name, env=actor_env("critic", cfg),
             init=lambda i: ((cfg.model, critic_cfg), dict(
                 mini_batch_size=cfg.critic_mini_batch_size, total_optimizer_steps=critic_optimizer_steps(cfg),
                 seed=cfg.run.seed, num_gpus=c.critic.num_gpus)))

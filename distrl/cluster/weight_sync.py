@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from distrl.cluster.group import ActorGroup, Done, RayGroup
+from distrl.cluster.backend import Done
+from distrl.cluster.group import ActorGroup, RayGroup
 from distrl.workers.learner import Learner
 from distrl.workers.model import DTYPES
 from distrl.workers.rollout import RolloutWorker

@@ -1,23 +1,24 @@
-"""The driver's checkpoints and recovery: saving a step (every learner and critic writes its part, the driver
-completes it), resuming from one, checking that the actors see the run directory, and recovering from a dead learner,
-reference or critic by starting every role again from the newest checkpoint. Used by `distrl.driver.train`.
+"""Resuming and recovering: the checkpoint a resumed run starts from and loading it into the roles, checking that
+the actors see the run directory, and recovering from a dead learner, reference or critic by starting every role
+again from the newest checkpoint. Used by `distrl.driver.train`; saving a step's checkpoint is the last phase of a
+step (`distrl.loop.phases.save_checkpoint`).
+
+Above the phases (it works on their `Job`), beside the loops: it imports nothing from them or from `distrl.driver`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from distrl import checkpoint, preflight
 from distrl.cluster.group import ActorGroup
 from distrl.cluster.roles import Roles
+from distrl.loop.phases import Job
 from distrl.metrics import BusyClock
 from distrl.run_dir import RunDir
 from distrl.workers.critic import Critic
 from distrl.workers.learner import Learner
-
-if TYPE_CHECKING:
-    from distrl.driver import Job
 
 
 def dead_actors(roles: Roles, error: Exception) -> list[str] | None:
@@ -71,24 +72,6 @@ def recovery_point(job: Job, died: RoleDied, began: int) -> Path | None:
     print(f"{who} died in step {failed} ({type(died.error).__name__}): restarting every role from {found} (recovery "
           f"{job.recoveries} of {budget})", flush=True)
     return found
-
-
-def save_checkpoint(job: Job) -> Path:
-    """Checkpoint the last finished step: every learner (and critic) writes its part into a temporary directory,
-    then the driver completes it (`checkpoint.finish`) and prunes the older ones."""
-    path = checkpoint.path_for(job.run.path, job.last_step)
-    tmp = checkpoint.begin(path)
-    job.roles.backend.answer(job.roles.learner.map(Learner.save_checkpoint, str(tmp / "policy")),
-                             f"the learners' checkpoint of step {job.last_step}", job.cfg.cluster.call_timeout_s)
-    parts: tuple[str, ...] = ("policy",)
-    if job.roles.critic is not None:
-        job.roles.backend.answer(job.roles.critic.map(Critic.save_checkpoint, str(tmp / "critic")),
-                                 f"the critics' checkpoint of step {job.last_step}", job.cfg.cluster.call_timeout_s)
-        parts = ("policy", "critic")
-    checkpoint.finish(tmp, {"step": job.last_step, "data": job.stream.state_dict()}, parts=parts)
-    checkpoint.prune(job.run.path, job.cfg.run.keep_checkpoints)
-    job.checkpointed = job.last_step
-    return path
 
 
 def check_shared_run_dir(run: RunDir, roles: Roles) -> None:

@@ -11,6 +11,9 @@ update on it.
 The objective stays decoupled PPO: the PPO ratio is taken against the learners' old log-probs, and the configured
 correction (TIS / ICEPop / seq-mask-TIS) bridges the behaviour policy (the possibly stale engine that sampled) to
 them. A row's `time/*` figures are what the driver waited for since the previous row.
+
+Like the synchronous loop it runs the phases of `distrl.loop.phases`, and imports nothing else from `distrl.loop` or
+`distrl.driver`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from distrl.batching import pad
 from distrl.cluster.producer import BatchStats
 from distrl.cluster.weight_sync import PendingSync
-from distrl.driver import (
+from distrl.loop.phases import (
     Job,
     Updating,
     complete_batch,

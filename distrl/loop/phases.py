@@ -1,0 +1,216 @@
+"""The phases of one training step, which both loops run (`distrl.loop.sync`, `distrl.loop.asynchronous`): score
+the batch with the reference, the learners' old log-probs and the critic's values, complete it with advantages,
+update (the policy's, and the critic's beside it), then end the step: log its row and checkpoint it when due.
+
+Each phase starts calls and returns their handles, or waits for handles another started, so that a loop decides what
+overlaps. `Job` is what they work on. The floor below the loops: this module imports nothing from `distrl.loop` or
+`distrl.driver`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distrl import checkpoint, merging
+from distrl.algo import metrics_by_staleness
+from distrl.batching import advantages, gae_advantages
+from distrl.cluster.group import ActorGroup
+from distrl.cluster.producer import BatchStats, Producer, staleness_metrics
+from distrl.cluster.roles import Roles
+from distrl.cluster.weight_sync import SyncStats
+from distrl.config import Config
+from distrl.data import PromptStream
+from distrl.metrics import BusyClock, PhaseTimer
+from distrl.run_dir import RunDir
+from distrl.types import ScoredRollouts, Sequences, TrainBatch
+from distrl.workers.critic import Critic
+from distrl.workers.learner import Learner
+from distrl.workers.reference import ReferenceWorker
+
+
+@dataclass
+class Job:
+    """What both loops work with: the config, the run directory, the prompt stream and what the run has logged,
+    which last for the whole run, and the roles and producer, which are started anew when the run recovers from a
+    checkpoint."""
+
+    cfg: Config
+    stream: PromptStream
+    run: RunDir
+    pad_id: int
+    data_stats: Any
+    roles: Roles = field(init=False)
+    producer: Producer = field(init=False)
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+    history: list[dict] = field(default_factory=list)
+    learner_clock: BusyClock = field(default_factory=BusyClock)
+    reference_clock: BusyClock = field(default_factory=BusyClock)
+    last_step: int = 0  # the newest step whose row is written
+    checkpointed: int = 0  # the newest step checkpointed in this run
+    recoveries: int = 0  # from a checkpoint, in this run
+    recovered: int = 0  # of them, those not yet reported in a row
+
+
+
+def start_reference(job: Job, sequences: Sequences) -> list[Any] | None:
+    """Reference log-probs on the reference actors, row shards spread evenly (None without a KL term)."""
+    if job.roles.reference is None:
+        return None
+    job.reference_clock.start()
+    shards = sequences.split(min(len(job.roles.reference), sequences.batch_size))
+    return job.roles.reference.map_shards(ReferenceWorker.logprobs, shards)
+
+
+def start_old_logprobs(job: Job, sequences: Sequences) -> list[Any] | None:
+    """The learners' own log-probs before the update (decoupled PPO's proximal policy), row shards spread evenly;
+    None in bypass mode (`algorithm.old_logprobs: rollout`), where the sampler's stand in, and when the update takes
+    them from its own forward pass (`Config.old_logprobs_in_update`)."""
+    if job.cfg.algorithm.old_logprobs == "rollout" or job.cfg.old_logprobs_in_update:
+        return None
+    job.learner_clock.start()
+    shards = sequences.split(min(len(job.roles.learner), sequences.batch_size))
+    return job.roles.learner.map_shards(Learner.logprobs, shards)
+
+
+def start_values(job: Job, sequences: Sequences) -> list[Any] | None:
+    """The critic's values before the update (GAE's V), row shards spread evenly over the critics (None without a
+    critic)."""
+    if job.roles.critic is None:
+        return None
+    shards = sequences.split(min(len(job.roles.critic), sequences.batch_size))
+    return job.roles.critic.map_shards(Critic.values, shards)
+
+
+def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: list[Any] | None,
+                   old: list[Any] | None, values: list[Any] | None, step: int) -> tuple[TrainBatch, dict[str, float]]:
+    """Wait for the reference and old log-probs and the critic's values (the engines keep generating meanwhile),
+    compute advantages: the complete `TrainBatch` of `step`, and its advantage, staleness and per-staleness
+    correction metrics. `time/reference`, `time/old_logprobs` and `time/values` are the waits for each in turn."""
+    cfg = job.cfg
+    with job.timer("reference"):
+        ref_parts = job.producer.wait_for(ref or [], calls(job.roles.reference, "log-probs", ref))
+        job.reference_clock.stop()
+        ref_logprobs = torch.cat(ref_parts) if ref else None
+    old_logprobs: torch.Tensor | None = None  # taken by the update from its own forward pass
+    with job.timer("old_logprobs"):
+        if old:
+            old_parts = job.producer.wait_for(old, calls(job.roles.learner, "old log-probs", old))
+            job.learner_clock.stop()
+            old_logprobs = torch.cat(old_parts)
+        elif cfg.algorithm.old_logprobs == "rollout":
+            old_logprobs = sequences.rollout_logprobs
+    old_values: torch.Tensor | None = None
+    if values:
+        with job.timer("values"):
+            old_values = torch.cat(job.producer.wait_for(values, calls(job.roles.critic, "values", values)))
+    returns: torch.Tensor | None = None
+    with job.timer("advantages"):
+        rewards = torch.tensor(scored.rewards)
+        if old_values is not None:
+            adv, returns, metrics = gae_advantages(rewards, sequences.response_mask, old_values, old_logprobs,
+                                                   ref_logprobs, cfg.algorithm, cfg.loss.kl)
+        else:
+            adv, metrics = advantages(rewards, sequences.response_mask, old_logprobs, ref_logprobs,
+                                      cfg.rollout.n_samples_per_prompt, cfg.algorithm, cfg.loss.kl)
+        metrics.update(staleness_metrics(scored.rollouts.policy_version, step))
+        if old_logprobs is not None:
+            metrics.update(correction_by_staleness(job, sequences, old_logprobs, step))
+    return TrainBatch(sequences, old_logprobs=old_logprobs, advantages=adv, ref_logprobs=ref_logprobs,
+                      old_values=old_values, returns=returns), metrics
+
+
+def correction_by_staleness(job: Job, sequences: Sequences, old_logprobs: torch.Tensor, step: int,
+                            ) -> dict[str, float]:
+    """`correction/<metric>/staleness_<bucket>`: the mismatch and IS-weight figures of `step`'s samples (old
+    log-probs `[B, T]`) split by how many versions behind the update's their weights were."""
+    lag = step - 1 - sequences.policy_version
+    return {f"correction/{k.removeprefix('is_')}/staleness_{bucket}": float(v)
+            for bucket, values in metrics_by_staleness(old_logprobs, sequences.rollout_logprobs,
+                                                       sequences.response_mask, lag, job.cfg.loss.correction).items()
+            for k, v in values.items()}
+
+
+@dataclass
+class Updating:
+    """The update calls of one step: the learners', and the critics' running beside them (None without a critic)."""
+
+    learner: list[Any]
+    critic: list[Any] | None
+
+
+def start_update(job: Job, batch: TrainBatch) -> Updating:
+    """One update on every learner, each on its part of every mini-batch; with a critic, its update on the same
+    batch at the same time."""
+    job.learner_clock.start()
+    shards = batch.shard(len(job.roles.learner), job.cfg.mini_batch_size)
+    learner = job.roles.learner.map_shards(Learner.update, shards)
+    critic = None
+    if job.roles.critic is not None:
+        parts = batch.shard(len(job.roles.critic), job.cfg.critic_mini_batch_size)
+        critic = job.roles.critic.map_shards(Critic.update, parts)
+    return Updating(learner, critic)
+
+
+def finish_update(job: Job, handles: Updating, batch: TrainBatch, step: int) -> dict[str, float]:
+    """Wait for the update of `step` on `batch` (the engines keep generating meanwhile); metrics merged over
+    learners (and critics), and the correction by staleness where the update took the old log-probs from its own
+    forward pass."""
+    results = job.producer.wait_for(handles.learner, calls(job.roles.learner, "update", handles.learner))
+    job.learner_clock.stop()
+    figs = merging.merge(results, [r["learner/tokens"].value for r in results])
+    if handles.critic:
+        critics = job.producer.wait_for(handles.critic, calls(job.roles.critic, "update", handles.critic))
+        figs.update(merging.merge(critics, [r["critic/tokens"].value for r in critics]))
+    metrics = merging.values(figs)
+    if batch.old_logprobs is None:
+        # One mini-batch: learner k's shard is the k-th contiguous block of rows (TrainBatch.shard).
+        old = torch.cat(job.roles.backend.answer(job.roles.learner.map(Learner.proximal_logprobs),
+                                                 "the learners' proximal log-probs", job.cfg.cluster.call_timeout_s))
+        metrics.update(correction_by_staleness(job, batch.sequences, old, step))
+    return metrics
+
+
+def end_step(job: Job, step: int, scored: ScoredRollouts, produced: BatchStats, metrics: dict[str, float],
+             sync: SyncStats | None) -> None:
+    """The step's samples are trained on: mark its prompts consumed, log its row, checkpoint if due."""
+    job.stream.consume(scored.rollouts.group)
+    metrics.update(produced.metrics())
+    metrics["faults/recoveries"], job.recovered = float(job.recovered), 0
+    metrics["idle/learner"] = job.learner_clock.pop_idle()
+    if job.roles.reference is not None:
+        metrics["idle/reference"] = job.reference_clock.pop_idle()
+    row = job.run.step_metrics(step, scored, metrics, sync, job.timer.pop(), job.data_stats)
+    job.history.append(row)
+    job.run.log(step, row)
+    job.last_step = step
+    # After the row is written, so a checkpoint's step always has its row; its time shows in the next row.
+    if job.run.checkpoint_due(step):
+        with job.timer("checkpoint"):
+            save_checkpoint(job)
+
+
+def save_checkpoint(job: Job) -> Path:
+    """Checkpoint the last finished step: every learner (and critic) writes its part into a temporary directory,
+    then the driver completes it (`checkpoint.finish`) and prunes the older ones."""
+    path = checkpoint.path_for(job.run.path, job.last_step)
+    tmp = checkpoint.begin(path)
+    job.roles.backend.answer(job.roles.learner.map(Learner.save_checkpoint, str(tmp / "policy")),
+                             f"the learners' checkpoint of step {job.last_step}", job.cfg.cluster.call_timeout_s)
+    parts: tuple[str, ...] = ("policy",)
+    if job.roles.critic is not None:
+        job.roles.backend.answer(job.roles.critic.map(Critic.save_checkpoint, str(tmp / "critic")),
+                                 f"the critics' checkpoint of step {job.last_step}", job.cfg.cluster.call_timeout_s)
+        parts = ("policy", "critic")
+    checkpoint.finish(tmp, {"step": job.last_step, "data": job.stream.state_dict()}, parts=parts)
+    checkpoint.prune(job.run.path, job.cfg.run.keep_checkpoints)
+    job.checkpointed = job.last_step
+    return path
+
+
+def calls(group: ActorGroup | None, what: str, handles: list[Any] | None) -> list[str]:
+    """Names of the calls `handles` made on `group` one per actor (`map`, `map_shards`), for their time limit."""
+    return [f"{group.name(i)}'s {what}" for i in range(len(handles or []))] if group is not None else []
