@@ -125,9 +125,10 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
 
 def correction_by_staleness(job: Job, sequences: Sequences, old_logprobs: torch.Tensor, step: int,
                             ) -> dict[str, float]:
-    """`correction/<metric>/staleness_<bucket>`: the mismatch and IS-weight figures of `step`'s samples (old
-    log-probs `[B, T]`) split by how many versions behind the update's their weights were."""
-    lag = step - 1 - sequences.policy_version
+    """`correction/<metric>/staleness_<bucket>`: the mismatch and IS-weight figures of `step`'s tokens (old
+    log-probs `[B, T]`) split by how many versions behind the update's the weights that sampled each were (a
+    multi-turn episode's turns may come from different versions)."""
+    lag = step - 1 - sequences.response_versions
     return {f"correction/{k.removeprefix('is_')}/staleness_{bucket}": float(v)
             for bucket, values in metrics_by_staleness(old_logprobs, sequences.rollout_logprobs,
                                                        sequences.response_mask, lag, job.cfg.loss.correction).items()

@@ -61,6 +61,30 @@ def _one_by_one(buckets: Iterable[dict[str, torch.Tensor]]) -> Iterator[tuple[st
         del bucket  # else the loop variable keeps this bucket alive while the next one arrives
 
 
+async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: list[int]) -> Rollouts:
+    """`worker.generate`'s episodes, as asyncio tasks sharing one stepped engine."""
+    stepper = EngineStepper(worker.llm.llm_engine, worker.sampling_params, worker.version, worker.decode)
+    stepping = asyncio.create_task(stepper.run())
+    n = worker.cfg.n_samples_per_prompt
+    runner = worker.runner(stepper)
+    runs = [runner.run(f"{ticket}.{j}", prompt.prompt_ids, prompt.row(), request_seed(worker.seed, ticket), j)
+            for prompt, ticket in zip(prompts, groups, strict=True) for j in range(n)]
+    try:
+        results = await asyncio.gather(*runs)
+    except BaseException:
+        stepper.abort()
+        raise
+    finally:
+        stepper.close()
+        await stepping
+    out = Rollouts.empty()
+    for i, result in enumerate(results):
+        traj = result.trajectory
+        out.add(list(traj.prompt_ids), traj.response_ids, traj.logprobs, traj.mask, traj.versions, result.text,
+                result.finish_reason, groups[i // n], result.episode, worker.policy_version)
+    return out.validate()
+
+
 def request_seed(seed: int, ticket: int) -> int:
     """The sampling seed of the request for prompt `ticket` in a run whose sampling seed is `seed`: 56 bits of a
     hash of both, so that neighbouring tickets get unrelated streams. vLLM gives the request's j-th sample seed + j
@@ -129,35 +153,14 @@ class RolloutWorker:
         the policy version that sampled it.
         """
         self._check_usable()
-        return asyncio.run(self._episodes(prompts, groups))
-
-    async def _episodes(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
-        stepper = EngineStepper(self.llm.llm_engine, self._params, lambda: self.policy_version, self._decode)
-        stepping = asyncio.create_task(stepper.run())
-        n = self.cfg.n_samples_per_prompt
-        runs = [self.runner(stepper).run(f"{ticket}.{j}", prompt.prompt_ids, prompt.row(),
-                                         request_seed(self.seed, ticket), j)
-                for prompt, ticket in zip(prompts, groups, strict=True) for j in range(n)]
-        try:
-            results = await asyncio.gather(*runs)
-        except BaseException:
-            stepper.abort()
-            raise
-        finally:
-            stepper.close()
-            await stepping
-        out = Rollouts.empty()
-        for i, result in enumerate(results):
-            traj = result.trajectory
-            out.add(list(traj.prompt_ids), traj.response_ids, traj.logprobs, traj.mask, traj.versions, result.text,
-                    result.finish_reason, groups[i // n], result.episode, self.policy_version)
-        return out.validate()
+        # A module function, not a method: Ray runs a class with any coroutine method as an asyncio actor.
+        return asyncio.run(run_episodes(self, prompts, groups))
 
     def runner(self, stepper: EngineStepper) -> EpisodeRunner:
         """The episode runner of this worker's configuration over `stepper`."""
         return EpisodeRunner(stepper, self.chat, self.budget, self.envs, self.parser, self.end_of_turn)
 
-    def _params(self, max_tokens: int, seed: int) -> Any:
+    def sampling_params(self, max_tokens: int, seed: int) -> Any:
         """One turn's `SamplingParams`. vLLM detokenizes every sampled token, and every log-prob's token, as it
         goes: on a small model that costs more than the forward passes, so only stop strings get it (the turn is
         decoded once at its end otherwise). Flat log-probs hold one float per position (logprobs=0: the sampled
@@ -170,7 +173,7 @@ class RolloutWorker:
                               stop=s.stop or None, logprobs=0, flat_logprobs=True, detokenize=bool(s.stop),
                               seed=seed, output_kind=RequestOutputKind.DELTA)
 
-    def _decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int]) -> str:
         # vLLM's own defaults for completion text: special tokens skipped.
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 

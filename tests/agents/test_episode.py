@@ -223,3 +223,13 @@ def test_deltas_of_the_tiny_template_build_the_conversation_token_for_token(toke
 def test_a_turn_ended_by_a_token_the_template_does_not_write_cannot_take_an_observation(tokenizer):
     with pytest.raises(ValueError, match="does not end an assistant message with the token the turn ended with"):
         ChatRenderer(tokenizer).observation_ids([{"role": "user", "content": "x"}], [], tokenizer.bos_token_id)
+
+
+def test_the_rollout_worker_has_no_coroutine_methods():
+    """Ray runs a class with any `async def` method as an asyncio actor, where `generate`'s own event loop cannot
+    start: episodes' coroutines live outside the class."""
+    import inspect
+
+    from distrl.workers.rollout import RolloutWorker
+
+    assert not [name for name, fn in inspect.getmembers(RolloutWorker) if inspect.iscoroutinefunction(fn)]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from distrl.algo import mismatch_metrics, rollout_correction
+from distrl.algo import metrics_by_staleness, mismatch_metrics, rollout_correction
 from distrl.config import CorrectionConfig
 
 from .helpers import ragged_mask
@@ -150,3 +150,17 @@ def test_weight_invariants(batch, mode_level):
         torch.testing.assert_close(w, expected)
     assert 0.0 <= m["is_ess"].item() <= 1.0 + 1e-6
     assert all(math.isfinite(v.item()) for v in m.values())
+
+
+def test_mismatch_figures_split_by_each_tokens_own_staleness():
+    """A multi-turn episode's turns may come from different versions: staleness per token `[B, T]`.
+    d = old - rollout: row 0 = [-1, -2, -4] with staleness [0, 0, 1]; row 1 = [-3, 0, 0] with [1, 2, 2], its last
+    token padding. mismatch_kl = mean(-d): bucket 0 over {1, 2} = 1.5; bucket 1 over {4, 3} = 3.5; bucket 2+ over {0}
+    = 0 (padding left out)."""
+    old = torch.tensor([[-1.0, -2.0, -4.0], [-3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    staleness = torch.tensor([[0, 0, 1], [1, 2, 2]])
+    figures = metrics_by_staleness(old, torch.zeros(2, 3), mask, staleness, None)
+    assert {k: float(v["mismatch_kl"]) for k, v in figures.items()} == {"0": 1.5, "1": 3.5, "2+": 0.0}
+    per_row = metrics_by_staleness(old, torch.zeros(2, 3), mask, torch.tensor([0, 1]), None)  # [B]: whole rows
+    assert {k: float(v["mismatch_kl"]) for k, v in per_row.items()} == {"0": pytest.approx(7 / 3), "1": 1.5}
