@@ -176,6 +176,9 @@ class RunDir:
             "time/elapsed": time.perf_counter() - self._start,
             "throughput/tokens_per_s": tokens / step_time,
             "rollout/tokens_per_s": tokens / generate if generate > 0 else None,
+            # The engine seconds of this batch's samples against the rollout actors' time over the step.
+            "rollout/engine_busy_frac": sum(e.engine_s for e in rollouts.episodes)
+                                        / (step_time * self.cfg.cluster.rollout.num_actors),
             "sync/bytes": float(sync.bytes) if sync else None,
             "sync/bytes_per_s": sync.bytes_per_s if sync else None,
         })

@@ -57,10 +57,13 @@ class Episode:
     tool_calls       tool calls the model made (parsed), and of them `tool_errors` whose tool failed
     parse_errors     turns whose tool-call markup could not be parsed (answered with an observation saying so)
     env_wait_s       seconds the episode waited on its environment (start and steps)
+    engine_s         its share of the engine's time: each engine step's seconds divided among the requests it
+                     advanced
     reward           the environment's reward (the sum of its steps' rewards); None when a reward function scores
                      the sample afterwards
     cut              why the episode ended before its environment said it was done ("max_turns", "max_tokens",
                      "context", "env_timeout", "env_error"), or None
+    restarts         times the episode was started again because its environment's host died
     drift            tokens where the trajectory differs from what the engine was given and sampled (must be 0)
     template_drift   whether rendering the episode's messages through the chat template anew would give other
                      token ids than the trajectory (what a text-based assembly would train on instead)
@@ -71,8 +74,10 @@ class Episode:
     tool_errors: int = 0
     parse_errors: int = 0
     env_wait_s: float = 0.0
+    engine_s: float = 0.0
     reward: float | None = None
     cut: str | None = None
+    restarts: int = 0
     drift: int = 0
     template_drift: bool = False
 

@@ -8,13 +8,14 @@ A reward-function job runs the same coroutine without an environment: one turn, 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from distrl.agents.chat import ChatRenderer
 from distrl.agents.env import Start, Turn
-from distrl.agents.host import EnvFailed, EnvTimeout
+from distrl.agents.host import EnvFailed, EnvLost, EnvTimeout
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.types import Episode
 
@@ -22,7 +23,8 @@ from distrl.types import Episode
 @dataclass(frozen=True)
 class Sampled:
     """One turn as the engine produced it: the prompt ids it echoed, the sampled ids with their log-probs and the
-    policy version of the weights that sampled each, the decoded text and why it stopped ("stop" or "length")."""
+    policy version of the weights that sampled each, the decoded text, why it stopped ("stop" or "length") and
+    its share of the engine's time."""
 
     prompt_ids: list[int]
     token_ids: list[int]
@@ -30,6 +32,7 @@ class Sampled:
     versions: list[int]
     text: str
     finish_reason: str
+    engine_s: float = 0.0
 
 
 class TurnSampler(Protocol):
@@ -106,6 +109,7 @@ class _Progress:
     tool_errors: int = 0
     parse_errors: int = 0
     env_wait_s: float = 0.0
+    engine_s: float = 0.0
     drift: int = 0
     reward: float = 0.0
     cut: str | None = None
@@ -114,7 +118,8 @@ class _Progress:
 
     def episode(self, template_drift: bool) -> Episode:
         return Episode(turns=self.turns, tool_calls=self.tool_calls, tool_errors=self.tool_errors,
-                       parse_errors=self.parse_errors, env_wait_s=self.env_wait_s, reward=self.reward,
+                       parse_errors=self.parse_errors, env_wait_s=self.env_wait_s, engine_s=self.engine_s,
+                       reward=self.reward,
                        cut=self.cut, drift=self.drift, template_drift=template_drift)
 
 
@@ -134,9 +139,9 @@ class EpisodeRunner:
     turn each."""
 
     def __init__(self, sampler: TurnSampler, chat: ChatRenderer, budget: Budget, envs: EnvClient | None = None,
-                 parser: ToolCallParser | None = None, end_of_turn: int | None = None):
+                 parser: ToolCallParser | None = None, end_of_turn: int | None = None, max_restarts: int = 0):
         self.sampler, self.chat, self.budget, self.envs, self.parser = sampler, chat, budget, envs, parser
-        self.end_of_turn = end_of_turn
+        self.end_of_turn, self.max_restarts = end_of_turn, max_restarts
 
     async def run(self, episode_id: str, prompt_ids: list[int], row: dict[str, Any], seed: int,
                   sample: int) -> EpisodeResult:
@@ -146,11 +151,22 @@ class EpisodeRunner:
             traj = Trajectory(prompt_ids)
             traj.add_turn(first)
             return EpisodeResult(traj, first.text, first.finish_reason,
-                                 Episode(drift=drift(first.prompt_ids, prompt_ids)))
-        try:
-            return await self._multi_turn(episode_id, prompt_ids, row, seed, sample)
-        finally:
-            self.envs.end(episode_id)
+                                 Episode(drift=drift(first.prompt_ids, prompt_ids), engine_s=first.engine_s))
+        for attempt in range(self.max_restarts + 1):
+            # A restarted episode gets an id of its own: its host may still hold the lost attempt's environment.
+            attempt_id = episode_id if not attempt else f"{episode_id}.r{attempt}"
+            try:
+                result = await self._multi_turn(attempt_id, prompt_ids, row, seed, sample)
+            except EnvLost as err:
+                if attempt == self.max_restarts:
+                    raise EnvLost(f"episode {episode_id}: its environment's host died {attempt + 1} times, more "
+                                  f"than cluster.recovery.max_restarts = {self.max_restarts}: {err}") from err
+                continue
+            finally:
+                self.envs.end(attempt_id)
+            result.episode = dataclasses.replace(result.episode, restarts=attempt)
+            return result
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _room(self, traj: Trajectory) -> int:
         b = self.budget
@@ -197,6 +213,7 @@ class EpisodeRunner:
         room = self._room(traj)
         turn = await self.sampler.sample(traj.ids, room, seed)
         progress.drift += drift(turn.prompt_ids, traj.ids)
+        progress.engine_s += turn.engine_s
         traj.add_turn(turn)
         progress.turns += 1
         progress.finish = turn.finish_reason

@@ -12,7 +12,8 @@ CUTS = ("max_turns", "max_tokens", "context", "env_timeout", "env_error")
 def episode_metrics(rollouts: Rollouts) -> dict[str, float]:
     """Turns per episode (mean, max), tool calls and failed ones, unparseable calls, seconds waiting on
     environments (mean per episode), the fraction of episodes each budget or failure cut, the fraction of response
-    tokens masked (observations), and the two drift counters: `agent/retokenization_drift`, tokens where a
+    tokens masked (observations), the episodes started again because their environment's host died, and the two
+    drift counters: `agent/retokenization_drift`, tokens where a
     trajectory differs from what the engine was given and sampled (0 unless distrl has a bug), and
     `agent/template_drift_frac`, episodes that rendering their messages anew would have tokenized otherwise."""
     episodes = rollouts.episodes
@@ -27,6 +28,7 @@ def episode_metrics(rollouts: Rollouts) -> dict[str, float]:
         "agent/cut_frac": statistics.fmean(e.cut is not None for e in episodes),
         "agent/masked_frac": sum(len(m) - sum(m) for m in rollouts.loss_mask) / tokens if tokens else 0.0,
         "agent/retokenization_drift": float(sum(e.drift for e in episodes)),
+        "faults/env_restarted_episodes": float(sum(e.restarts > 0 for e in episodes)),
         "agent/template_drift_frac": statistics.fmean(e.template_drift for e in episodes),
     }
     out.update({f"agent/cut/{reason}": float(sum(e.cut == reason for e in episodes)) for reason in CUTS})

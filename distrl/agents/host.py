@@ -27,6 +27,11 @@ class EnvFailed(RuntimeError):
     """The same failure under `env.on_error: zero`: the episode ends with reward 0 and is counted."""
 
 
+class EnvLost(RuntimeError):
+    """The process hosting an episode's environment died: the episode is started again from its first turn (on
+    the host that replaced it), at most `restarts` times."""
+
+
 class EnvTimeout(RuntimeError):
     """A start or step that did not return within `env.step_timeout_s`: the episode ends with that reason."""
 
@@ -60,7 +65,10 @@ class EnvHost:
 
     async def step(self, episode: str, turn: Turn) -> Step:
         """Episode `episode`'s environment's answer to `turn`."""
-        return await self._call(self.envs[episode].step(turn), episode, "step", Step)
+        env = self.envs.get(episode)
+        if env is None:  # this host was started again since the episode began: its environment went with the old
+            raise EnvLost(f"the host of episode {episode}'s environment was restarted since the episode began")
+        return await self._call(env.step(turn), episode, "step", Step)
 
     def end(self, episode: str) -> None:
         """Drop episode `episode`'s environment (it may never have started)."""

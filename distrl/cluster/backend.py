@@ -53,10 +53,12 @@ class Backend(ABC):
 
     @abstractmethod
     def actors(self, worker: type, role: str, resources: RoleResources, *, run_name: str, init: Init,
-               env: dict[str, str], scheduling: Callable[[int], Any] | None) -> Make:
+               env: dict[str, str], scheduling: Callable[[int], Any] | None, concurrency: int = 1,
+               self_restarts: int = 0) -> Make:
         """How to start worker i of `role` (and its replacements) as a `worker` with `resources`: `make(i,
         incarnation)`. `scheduling(i)` is Ray's scheduling strategy for worker i (its placement bundle: see
-        `distrl.cluster.placement`), None where nothing is placed."""
+        `distrl.cluster.placement`), None where nothing is placed. `concurrency`: calls a Ray actor runs at once
+        (an asyncio actor's coroutines); `self_restarts`: times Ray itself restarts a dead actor in place."""
 
     @abstractmethod
     def task(self, fn: Callable, *args: Any, num_cpus: float, max_retries: int = 0) -> Any:
@@ -93,7 +95,8 @@ class LocalBackend(Backend):
     description = "local backend: every worker in this process (no Ray)"
 
     def actors(self, worker: type, role: str, resources: RoleResources, *, run_name: str, init: Init,
-               env: dict[str, str], scheduling: Callable[[int], Any] | None) -> Make:
+               env: dict[str, str], scheduling: Callable[[int], Any] | None, concurrency: int = 1,
+               self_restarts: int = 0) -> Make:
         def make(i: int, incarnation: int) -> Any:
             args, kwargs = init(i)
             return worker(*args, **kwargs)
@@ -152,7 +155,8 @@ class RayBackend(Backend):
                                 + (f" (its token is in {token} while the run lasts)" if token else ""))
 
     def actors(self, worker: type, role: str, resources: RoleResources, *, run_name: str, init: Init,
-               env: dict[str, str], scheduling: Callable[[int], Any] | None) -> Make:
+               env: dict[str, str], scheduling: Callable[[int], Any] | None, concurrency: int = 1,
+               self_restarts: int = 0) -> Make:
         import ray
 
         assert scheduling is not None, "RayBackend.actors needs the role's placement (distrl.cluster.placement.place)"
@@ -168,8 +172,10 @@ class RayBackend(Backend):
                 num_gpus=resources.num_gpus,
                 runtime_env={"env_vars": env},
                 scheduling_strategy=scheduling(i),
-                # One call at a time, in submission order: a weight push queues behind an in-flight generate.
-                max_concurrency=1,
+                # By default one call at a time, in submission order: a weight push queues behind an in-flight
+                # generate.
+                max_concurrency=concurrency,
+                max_restarts=self_restarts,
             ).remote(*args, **kwargs)
 
         return make

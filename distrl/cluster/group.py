@@ -161,10 +161,13 @@ class LocalGroup(ActorGroup[W]):
 
 
 def start_group(backend: Backend, worker: type, role: str, resources: RoleResources, placement: Placement | None, *,
-                run_name: str, init: Init, env: dict[str, str]) -> ActorGroup:
+                run_name: str, init: Init, env: dict[str, str], concurrency: int = 1,
+                self_restarts: int = 0) -> ActorGroup:
     """Start `resources.num_actors` workers of `worker` for `role` on `backend`: Ray actors on the bundles of
-    `placement` (a `RayGroup`), or instances in this process (a `LocalGroup`, no placement)."""
+    `placement` (a `RayGroup`), or instances in this process (a `LocalGroup`, no placement). `concurrency` and
+    `self_restarts`: see `Backend.actors`."""
     make = backend.actors(worker, role, resources, run_name=run_name, init=init, env=env,
-                          scheduling=placement.scheduling if placement is not None else None)
+                          scheduling=placement.scheduling if placement is not None else None,
+                          concurrency=concurrency, self_restarts=self_restarts)
     kind: type[ActorGroup] = RayGroup if isinstance(backend, RayBackend) else LocalGroup
     return kind(role, backend, make, resources.num_actors)

@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from distrl.agents.host import EnvHost
 from distrl.cluster.backend import Backend
+from distrl.cluster.envs import EPISODES_PER_ACTOR, env_client
 from distrl.cluster.group import ActorGroup, RayGroup, start_group
 from distrl.cluster.placement import place, release
 from distrl.cluster.weight_sync import WeightSync, make_weight_sync
@@ -101,6 +103,8 @@ def started_roles(cfg: Config, backend: Backend, rollout_worker: type = RolloutW
         demands["reference"] = c.reference
     if cfg.critic is not None:
         demands["critic"] = c.critic
+    if cfg.env is not None:
+        demands["env"] = c.env
     placements = place(backend, demands, colocate=c.colocate, run_name=cfg.run.name)
     groups: list[ActorGroup] = []
     try:
@@ -120,12 +124,22 @@ def sampling_seed(cfg: Config) -> int:
 def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGroup], rollout_worker: type) -> Roles:
     c, name = cfg.cluster, cfg.run.name
     temperature = cfg.rollout.sampling.temperature
+    envs = None
+    if cfg.env is not None:
+        e = cfg.env
+        env_group = start_group(backend, EnvHost, "env", c.env, placements["env"], run_name=name,
+                                env=actor_env("env", cfg), init=lambda i: ((e.cls, e.kwargs, e.step_timeout_s,
+                                                                            e.on_error), {}),
+                                concurrency=EPISODES_PER_ACTOR, self_restarts=c.recovery.max_restarts)
+        groups.append(env_group)
+        envs = env_client(env_group)
     rollout = start_group(
         backend, rollout_worker, "rollout", c.rollout, placements["rollout"], run_name=name,
         env=actor_env("rollout", cfg, ENGINE_ENV),
         init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.data.max_prompt_tokens,
                                                        seed=sampling_seed(cfg), num_gpus=c.rollout.num_gpus,
-                                                       environment=cfg.env)))
+                                                       environment=cfg.env, envs=envs,
+                                                       max_restarts=c.recovery.max_restarts)))
     groups.append(rollout)
     learner = start_group(
         backend, Learner, "learner", c.learner, placements["learner"], run_name=name, env=actor_env("learner", cfg),

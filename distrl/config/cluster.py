@@ -57,6 +57,8 @@ class ClusterConfig(Section):
     """Reference actors."""
     critic: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1.0))
     """Critic actors (data-parallel like the learners; only with a `critic` section)."""
+    env: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0.25))
+    """Environment actors (only with an `env` section): each hosts many episodes' environments at once."""
     colocate: bool = False
     """Pack all roles into one placement group (PACK over the whole job) instead of one group per role."""
     weight_sync: Literal["auto", "object_store", "nccl"] = "auto"

@@ -3,15 +3,18 @@
 Every episode that has a turn to take has a request in the engine, and each engine step advances all of them
 (continuous batching); an episode waiting on its environment has none, so it costs no engine time. Episodes are
 asyncio tasks on the rollout worker's event loop; the stepper runs between them, yielding after every step so that
-environment calls progress. Outputs come as deltas, so each sampled token is stamped with the policy version the
-engine served at the step that sampled it. The synchronous engine is stepped rather than `AsyncLLM` because it
-keeps the engine core in this process, where weights are reloaded in place (see `distrl.workers.rollout`).
+environment calls progress. Each step's time is shared among the requests it advanced (each episode's
+`engine_s`: what it cost the engine). Outputs come as deltas, so each sampled token is stamped with the policy
+version the engine served at the step that sampled it. The synchronous engine is stepped rather than `AsyncLLM`
+because it keeps the engine core in this process, where weights are reloaded in place (see
+`distrl.workers.rollout`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +30,7 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     text: str = ""
+    engine_s: float = 0.0  # this request's share of the engine steps that advanced it
 
 
 class EngineStepper:
@@ -66,6 +70,7 @@ class EngineStepper:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            began = time.perf_counter()
             try:
                 outputs = self.engine.step()
             except Exception as err:
@@ -73,6 +78,9 @@ class EngineStepper:
                     request.future.set_exception(err)
                 self.requests.clear()
                 raise
+            share = (time.perf_counter() - began) / len(self.requests)
+            for request in self.requests.values():
+                request.engine_s += share
             version = self.version
             for out in outputs:
                 self._collect(out, version)
@@ -98,7 +106,8 @@ class EngineStepper:
                 return
             text = request.text if request.text else self.decode(request.token_ids)
             request.future.set_result(Sampled(request.prompt_ids or [], request.token_ids, request.logprobs,
-                                              request.versions, text, completion.finish_reason or "length"))
+                                              request.versions, text, completion.finish_reason or "length",
+                                              request.engine_s))
 
     def abort(self) -> None:
         """Drop every request still in the engine (an episode failed: the others' turns are not wanted)."""

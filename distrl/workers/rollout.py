@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from distrl.agents.chat import ChatRenderer
-from distrl.agents.episode import Budget, EpisodeRunner
+from distrl.agents.episode import Budget, EnvClient, EpisodeRunner
 from distrl.agents.host import EnvHost
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.config import EnvConfig, ModelConfig, RolloutConfig
@@ -97,7 +97,8 @@ class RolloutWorker:
     """Generates `n` responses per prompt; `load_weights` swaps the weights in place and bumps `policy_version`."""
 
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
-                 num_gpus: float = 0.0, environment: EnvConfig | None = None):
+                 num_gpus: float = 0.0, environment: EnvConfig | None = None, envs: EnvClient | None = None,
+                 max_restarts: int = 0):
         for key, value in ENGINE_ENV.items():
             os.environ.setdefault(key, value)
         from vllm import LLM
@@ -125,20 +126,27 @@ class RolloutWorker:
         if on_gpu:
             engine_args["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         else:
-            engine_args.update(kv_cache_memory_bytes=cfg.kv_cache_bytes, distributed_executor_backend="uni")
+            # Chunked prefill off: when it splits a prompt, vLLM rewinds the request's seeded generator with
+            # set_offset, which CPU generators do not have ("CPU Generator does not use offset"), so a step whose
+            # prompts pass the token budget (4096) would crash. Whole prompts are scheduled instead.
+            engine_args.update(kv_cache_memory_bytes=cfg.kv_cache_bytes, distributed_executor_backend="uni",
+                               enable_chunked_prefill=False)
         self.llm = LLM(**engine_args)
         self.tokenizer = self.llm.get_tokenizer()
         context = self.llm.llm_engine.model_config.max_model_len
         self.chat = ChatRenderer(self.tokenizer)
         self.end_of_turn = self.tokenizer.eos_token_id
-        self.envs: EnvHost | None = None
+        self.envs: EnvClient | None = None
+        self.max_restarts = 0
         self.parser: ToolCallParser | None = None
         if environment is None:
             self.budget = Budget(1, cfg.sampling.max_new_tokens, context, cfg.sampling.max_new_tokens)
         else:
             e = environment
             self.budget = Budget(e.max_turns, e.max_tokens or context, context, cfg.sampling.max_new_tokens)
-            self.envs = EnvHost(e.cls, e.kwargs, e.step_timeout_s, e.on_error)
+            # The environment actors' client, or (unit tests, scripts) this process's own host.
+            self.envs = envs or EnvHost(e.cls, e.kwargs, e.step_timeout_s, e.on_error)
+            self.max_restarts = max_restarts
             if e.tool_parser is not None:
                 self.parser = ToolCallParser(e.tool_parser, self.tokenizer)
 
@@ -158,7 +166,8 @@ class RolloutWorker:
 
     def runner(self, stepper: EngineStepper) -> EpisodeRunner:
         """The episode runner of this worker's configuration over `stepper`."""
-        return EpisodeRunner(stepper, self.chat, self.budget, self.envs, self.parser, self.end_of_turn)
+        return EpisodeRunner(stepper, self.chat, self.budget, self.envs, self.parser, self.end_of_turn,
+                             self.max_restarts)
 
     def sampling_params(self, max_tokens: int, seed: int) -> Any:
         """One turn's `SamplingParams`. vLLM detokenizes every sampled token, and every log-prob's token, as it

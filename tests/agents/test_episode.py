@@ -12,7 +12,7 @@ import pytest
 from distrl.agents.chat import ChatRenderer
 from distrl.agents.env import Start, Step, Turn
 from distrl.agents.episode import Budget, EpisodeRunner, Sampled, drift, turn_seed
-from distrl.agents.host import EnvError, EnvHost
+from distrl.agents.host import EnvError, EnvHost, EnvLost
 from distrl.config import ModelConfig
 from distrl.workers.model import load_tokenizer
 
@@ -233,3 +233,42 @@ def test_the_rollout_worker_has_no_coroutine_methods():
     from distrl.workers.rollout import RolloutWorker
 
     assert not [name for name, fn in inspect.getmembers(RolloutWorker) if inspect.iscoroutinefunction(fn)]
+
+
+class Losing:
+    """A client whose host dies during the first `lost` steps it is asked for (`EnvLost`), then serves from `host`."""
+
+    def __init__(self, host: EnvHost, lost: int):
+        self.host, self.lost, self.ended = host, lost, []
+
+    async def start(self, episode, row):
+        return await self.host.start(episode, row)
+
+    async def step(self, episode, turn):
+        if self.lost:
+            self.lost -= 1
+            raise EnvLost("environment actor env-0 died")
+        return await self.host.step(episode, turn)
+
+    def end(self, episode):
+        self.ended.append(episode)
+        self.host.end(episode)
+
+
+def test_an_episode_whose_environment_host_died_runs_again_from_its_first_turn():
+    sampler = Script([[10]] * 4)
+    client = Losing(host(turns=2), lost=1)
+    runner = EpisodeRunner(sampler, FixedChat(), BUDGET, client, end_of_turn=EOS, max_restarts=1)
+    result = asyncio.run(runner.run("7.1", [1, 2], {"q": "?"}, seed=1000, sample=1))
+    assert (result.episode.restarts, result.episode.turns, result.episode.reward) == (1, 2, 1.25)
+    assert result.trajectory.response_ids[:2] == [10, EOS] and result.trajectory.mask.count(0) == 1
+    assert sampler.seeds == [1001, 1001, 1001 + (1 << 32)]  # the restart samples with the same seeds again
+    assert client.ended == ["7.1", "7.1.r1"]
+    with pytest.raises(EnvLost, match=r"episode 7.1: its environment's host died 2 times, more than "):
+        asyncio.run(EpisodeRunner(Script([[10]] * 4), FixedChat(), BUDGET, Losing(host(turns=2), lost=2),
+                                  end_of_turn=EOS, max_restarts=1).run("7.1", [1, 2], {"q": "?"}, 1000, 1))
+
+
+def test_a_host_started_again_does_not_know_the_episodes_of_the_one_before():
+    with pytest.raises(EnvLost, match="was restarted since the episode began"):
+        asyncio.run(host(turns=2).step("3.0", Turn("t", "t", [], None, 0)))

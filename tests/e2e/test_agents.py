@@ -2,6 +2,7 @@
 so far; the sampler's log-probs equal the engine's own scoring of the assembled sequence), observations are the
 chat template's deltas and masked, and a multi-turn job trains end to end through Ray actors."""
 
+import gc
 import json
 
 import pytest
@@ -11,15 +12,23 @@ from distrl.config import EnvConfig, from_dict
 from distrl.types import Prompt
 from distrl.workers.rollout import RolloutWorker
 from tests.agent_envs import TOOLS
-from tests.e2e.conftest import quickstart
+from tests.e2e.conftest import quickstart, start_quickstart
+from tests.e2e.test_recovery import finish, kill_actor, rows_of
 
 
 @pytest.fixture(scope="module")
-def worker(tiny_model_dir):
-    cfg = from_dict({"model": {"path": str(tiny_model_dir)}, "data": {"path": "unused"},
-                     "rollout": {"dtype": "float32", "n_samples_per_prompt": 2, "sampling": {"max_new_tokens": 6}}})
+def cfg(tiny_model_dir):
+    return from_dict({"model": {"path": str(tiny_model_dir)}, "data": {"path": "unused"},
+                      "rollout": {"dtype": "float32", "n_samples_per_prompt": 2, "sampling": {"max_new_tokens": 6}}})
+
+
+@pytest.fixture(scope="module")
+def worker(cfg):
     env = EnvConfig.model_validate({"class": "tests.agent_envs:Chatter", "kwargs": {"turns": 3}})
-    return RolloutWorker(cfg.rollout, cfg.model, max_prompt_tokens=64, seed=3, environment=env)
+    worker = RolloutWorker(cfg.rollout, cfg.model, max_prompt_tokens=64, seed=3, environment=env)
+    yield worker
+    del worker
+    gc.collect()
 
 
 def runs(mask: list[int]) -> list[tuple[int, int, int]]:
@@ -72,3 +81,24 @@ def test_a_multi_turn_job_trains_through_ray_actors(ray_session, tmp_path):
         assert row["agent/turns_mean"] == 2.0 and row["agent/retokenization_drift"] == 0.0
         assert 0.0 < row["agent/masked_frac"] < 1.0 and row["agent/cut_frac"] == 0.0
         assert row["loss/policy"] is not None
+
+
+def test_an_environment_actor_killed_mid_run_is_restarted_and_its_episodes_run_again(tmp_path):
+    proc, metrics = start_quickstart(tmp_path, "run.steps=5", "rollout.sampling.max_new_tokens=6",
+                                     "env.class=tests.agent_envs:Chatter", "env.kwargs.turns=2",
+                                     "env.kwargs.sleep=0.05")
+    kill_actor(proc.pid, "EnvHost")  # step 3's episodes are under way (its chunk went out with step 2's push)
+    _, err = finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    rows = rows_of(metrics)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert sum(r["faults/env_restarted_episodes"] for r in rows) >= 1
+    assert all(r["agent/retokenization_drift"] == 0 and r["agent/turns_mean"] == 2.0 for r in rows)
+
+
+def test_a_step_whose_prompts_pass_the_engines_token_budget_is_generated(cfg):
+    """64 seeded requests of 300 prompt tokens (19,200 > vLLM's 4096 a step): with chunked prefill vLLM's CPU build
+    crashed rewinding the seeded generators of split prompts."""
+    prompts = [Prompt(index=i, text="", prompt_ids=[(7 * i + j) % 400 + 10 for j in range(300)]) for i in range(32)]
+    out = RolloutWorker(cfg.rollout, cfg.model, max_prompt_tokens=300, seed=3).generate(prompts, list(range(32)))
+    assert len(out) == 64 and all(len(ids) == 6 for ids in out.response_ids)
