@@ -184,7 +184,9 @@ class Sandbox:
         finally:
             if stopped_by is not None or not proc.stdout.at_eof():  # a limit, or this task was cancelled
                 _kill_group(proc.pid)
-        returncode = await proc.wait()
+            # asyncio reports an exit only once the process's pipes are closed: read what the killed sandbox left.
+            _, _ = await proc.communicate()
+        returncode = proc.returncode
         return SandboxResult(output=bytes(output[: self.limits.max_output_bytes]).decode("utf-8", "replace"),
                              returncode=None if stopped_by else returncode, stopped_by=stopped_by,
                              elapsed_s=time.monotonic() - start)
