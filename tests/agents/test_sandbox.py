@@ -5,9 +5,11 @@ the test instead of hanging the suite."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
 import socket
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -95,11 +97,11 @@ def test_sees_no_host_files_environment_or_home(tool, tmp_path, monkeypatch):
     exists, home_entries, env, top = result.content.splitlines()
     assert exists == "False False"
     # The home directory shows at most the path down to the interpreter (pyenv keeps Python under /root).
-    interpreter = os.path.realpath(os.sys.base_prefix)
-    assert all(interpreter.startswith(os.path.join(home, entry) + os.sep) for entry in eval(home_entries))
-    assert eval(env) == ["HOME", "LANG", "PATH", "PWD"]
+    interpreter = os.path.realpath(sys.base_prefix)
+    assert all(interpreter.startswith(os.path.join(home, entry) + os.sep) for entry in ast.literal_eval(home_entries))
+    assert ast.literal_eval(env) == ["HOME", "LANG", "PATH", "PWD"]
     assert "hunter2" not in result.content
-    assert not {"home", "work", "etc/ssh", "var", "run", "opt", "srv", "mnt"} & set(eval(top))
+    assert not {"home", "work", "etc/ssh", "var", "run", "opt", "srv", "mnt"} & set(ast.literal_eval(top))
 
 
 def test_infinite_loop_times_out(tool):
