@@ -45,3 +45,18 @@ def test_an_answer_without_a_call_ends_the_episode_scored_by_the_reward_function
     asyncio.run(env.start({"prompt": "q", "answer": "42"}))
     assert asyncio.run(env.step(turn("The answer is 42."))) == Step(reward=1.0, done=True)
     assert asyncio.run(env.step(turn("It is 41."))) == Step(reward=0.0, done=True)
+
+
+def test_the_docs_shortest_example_runs():
+    """docs/AGENTS.md's first Python block is a complete environment."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "AGENTS.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(code, "docs/AGENTS.md", "exec"), namespace)
+    env = namespace["Guess"]()
+    asyncio.run(env.start({"answer": "42"}))
+    assert asyncio.run(env.step(turn("Is it 17?"))).messages == [{"role": "user", "content": "higher"}]
+    assert asyncio.run(env.step(turn("50"))).messages == [{"role": "user", "content": "lower"}]
+    assert asyncio.run(env.step(turn("It is 42."))) == Step(reward=1.0, done=True)
