@@ -113,7 +113,7 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
                                 dynamic_sampling=cfg.rollout.dynamic_sampling,
                                 load_weights=roles.sync.push_one if roles.sync.replaceable else None,
                                 recovery=cfg.cluster.recovery, call_timeout_s=cfg.cluster.call_timeout_s,
-                                version=job.last_step)
+                                version=job.last_step, chunks_per_engine=cfg.chunks_per_engine)
         job.producer.lost_in_push(first_push.lost)
         try:
             steps = stop.steps(job.run.progress(range(first, cfg.run.steps + 1)))

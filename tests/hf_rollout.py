@@ -21,7 +21,7 @@ from distrl.workers.rollout import request_seed
 
 class HFRolloutWorker:
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
-                 num_gpus: float = 0.0, environment: None = None):
+                 num_gpus: float = 0.0, environment: None = None, envs: None = None, max_restarts: int = 0):
         self.cfg = cfg
         self.model = load_causal_lm(model, "float32").requires_grad_(False)
         self.tokenizer = load_tokenizer(model)

@@ -8,6 +8,7 @@
 
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +19,8 @@ from distrl.cluster.backend import ActorLost, Done, LocalBackend
 from distrl.cluster.group import LocalGroup
 from distrl.cluster.weight_sync import NcclSync, ObjectStoreSync, StreamedBuckets
 from distrl.workers import nccl
-from distrl.workers.rollout import RolloutWorker, UnusableEngine
+from distrl.workers.engine_loop import EngineLoop
+from distrl.workers.rollout import RolloutWorker, Served, UnusableEngine
 
 
 class FakeLearner:
@@ -112,14 +114,16 @@ class FakeLLM:
             del tensor  # as vLLM's loader does once a layer is processed
         return [None]
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> None:
         pass
 
 
 def worker(llm: FakeLLM) -> RolloutWorker:
-    """A RolloutWorker around a fake engine (the real constructor starts vLLM)."""
+    """A RolloutWorker around a fake engine (the real constructor starts vLLM) on an engine thread of its own."""
     engine = RolloutWorker.__new__(RolloutWorker)
-    engine.llm, engine.policy_version, engine._torn, engine.on_gpu = llm, 0, None, False
+    engine.engine = EngineLoop(lambda: llm)
+    engine.llm, engine.served, engine._torn, engine.on_gpu = llm, Served(), None, False
+    engine.stepper = SimpleNamespace(in_flight=0)
     return engine
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import statistics
+from typing import TYPE_CHECKING
 
-from distrl.types import Rollouts
+if TYPE_CHECKING:  # run_dir imports this module, and `distrl validate` must not import torch
+    from distrl.types import Rollouts
 
 CUTS = ("max_turns", "max_tokens", "context", "env_timeout", "env_error")
 

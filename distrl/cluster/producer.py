@@ -12,7 +12,8 @@ the oldest work first. A group that would still exceed the bound (it finished la
 never trained on, and counted. With dynamic sampling, groups whose rewards are all equal are dropped too, and
 their room goes to new chunks, until the cap of `dynamic_sampling.max_rounds` is reached.
 
-An actor takes its next chunk as soon as it returns the last one, so a slow actor simply takes fewer chunks.
+An actor takes its next chunk as soon as it returns one of the `chunks_per_engine` it serves at once, so a slow
+actor simply takes fewer chunks.
 
 An actor that dies (its process killed, its node lost; noticed when its chunk or a weight push to it fails) is
 replaced on its placement bundle, and `load_weights(i)` loads the learners' current weights into the new one
@@ -83,14 +84,15 @@ class BatchStats:
                 "idle/rollout": self.rollout_idle}
 
 
-def default_chunk(prompts_per_step: int, actors: int, max_staleness: int) -> int:
+def default_chunk(prompts_per_step: int, actors: int, max_staleness: int, chunks_per_engine: int = 1) -> int:
     """Prompts per generation request when `rollout.chunk_prompts` is not set.
 
     The synchronous loop (`max_staleness` 0) gives each engine one chunk per step: small models are bound by the cost
     of each decoding step, not by its width, so one wide batch per engine is fastest (quickstart: generation 2.2x
     faster than with two chunks each). The asynchronous loop halves the chunks, so that engines switch to new
-    weights sooner and an engine that finishes early finds work."""
-    chunks_per_actor = 1 if max_staleness == 0 else 2
+    weights sooner and an engine that finishes early finds work. An engine that serves several chunks at once
+    (`chunks_per_engine`) gets at least that many per step, so that a step's work fills its slots."""
+    chunks_per_actor = max(1 if max_staleness == 0 else 2, chunks_per_engine)
     return max(1, math.ceil(prompts_per_step / (actors * chunks_per_actor)))
 
 
@@ -103,11 +105,11 @@ class Producer:
     def __init__(self, actors: ActorGroup[RolloutWorker], stream: PromptStream, reward: RewardConfig, *,
                  prompts_per_step: int, max_staleness: int, chunk_prompts: int | None,
                  dynamic_sampling: DynamicSamplingConfig | None, load_weights: Callable[[int], Any] | None,
-                 recovery: RecoveryConfig, call_timeout_s: float, version: int = 0):
+                 recovery: RecoveryConfig, call_timeout_s: float, version: int = 0, chunks_per_engine: int = 1):
         self.actors, self.backend, self.stream, self.reward = actors, actors.backend, stream, reward
         self.load_weights, self.recovery, self.call_timeout_s = load_weights, recovery, call_timeout_s
         self.batch, self.k, self.filter = prompts_per_step, max_staleness, dynamic_sampling
-        self.chunk = chunk_prompts or default_chunk(prompts_per_step, len(actors), max_staleness)
+        self.chunk = chunk_prompts or default_chunk(prompts_per_step, len(actors), max_staleness, chunks_per_engine)
         self.version = version  # the newest weights pushed to the engines
         self.handed_out = version  # batches handed out so far: a run resumed at step s has handed out s - 1
         self.in_flight: dict[Any, _Chunk] = {}  # generation handle -> chunk
@@ -118,9 +120,10 @@ class Producer:
         self.replacing: dict[Any, tuple[int, int, float]] = {}
         self.deadlines: dict[Any, tuple[float, str]] = {}  # handle waited for -> (perf_counter deadline, who is late)
         self._deaths: dict[int, deque[float]] = {i: deque() for i in range(len(actors))}
-        self.idle = list(range(len(actors)))
+        self.slots = chunks_per_engine
+        self.idle = [i for i in range(len(actors)) for _ in range(chunks_per_engine)]  # one entry per free slot
         self.stats = BatchStats()
-        self._idle_since = dict.fromkeys(self.idle, time.perf_counter())
+        self._idle_since = dict.fromkeys(range(len(actors)), time.perf_counter())  # actors without any chunk
         self._idle_time = 0.0
         self._period_start = time.perf_counter()
 
@@ -141,7 +144,8 @@ class Producer:
             handle = self.actors.call(actor, RolloutWorker.generate, prompts, tickets)
             now = time.perf_counter()
             self._due(handle, now, f"{self.actors.name(actor)}'s generation of {len(prompts)} prompts")
-            self._idle_time += now - self._idle_since.pop(actor)
+            if actor in self._idle_since:
+                self._idle_time += now - self._idle_since.pop(actor)
             self.in_flight[handle] = _Chunk(actor, self.actors.incarnations[actor], tickets, prompts)
 
     def _draw(self) -> list[tuple[int, Prompt]]:
@@ -172,7 +176,8 @@ class Producer:
             # Otherwise the actor that generated it was replaced meanwhile (a push found it dead): the replacement
             # becomes idle once it serves.
             self.idle.append(chunk.actor)
-            self._idle_since[chunk.actor] = time.perf_counter()
+            if not any(c.actor == chunk.actor for c in self.in_flight.values()):
+                self._idle_since[chunk.actor] = time.perf_counter()
         if all(e.reward is not None for e in part.episodes):  # the environment rewarded every episode
             self._on_scored(chunk, [float(e.reward or 0.0) for e in part.episodes], 0, None)
             return
@@ -209,8 +214,7 @@ class Producer:
                       else f"it died {len(deaths)} times within cluster.recovery.window_s = {r.window_s:g} s, "
                            f"more than cluster.recovery.max_restarts = {r.max_restarts}")
             raise RuntimeError(f"rollout actor {name} died; {budget}. Its last error: {error}") from error
-        if actor in self.idle:
-            self.idle.remove(actor)
+        self.idle = [a for a in self.idle if a != actor]
         self._idle_since.setdefault(actor, time.perf_counter())  # its time dead and restarting is rollout idle
         print(f"rollout actor {name} died ({type(error).__name__}); starting a replacement on its placement bundle "
               f"(restart {len(deaths)} of {r.max_restarts} allowed within {r.window_s:g} s), "
@@ -239,7 +243,7 @@ class Producer:
             return
         print(f"rollout actor {self.actors.name(actor)} serves policy version {version}, "
               f"{time.perf_counter() - since:.1f} s after it was replaced", flush=True)
-        self.idle.append(actor)
+        self.idle += [actor] * self.slots
 
     def _replace(self, actor: int, incarnation: int, since: float) -> None:
         """Load the current weights into `actor`, replaced at `since`; it must serve within `start_timeout_s`."""

@@ -139,7 +139,9 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
         init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.data.max_prompt_tokens,
                                                        seed=sampling_seed(cfg), num_gpus=c.rollout.num_gpus,
                                                        environment=cfg.env, envs=envs,
-                                                       max_restarts=c.recovery.max_restarts)))
+                                                       max_restarts=c.recovery.max_restarts)),
+        # Serving several chunks, an engine also takes weight pushes and checks while they run (between steps).
+        concurrency=1 if cfg.chunks_per_engine == 1 else cfg.chunks_per_engine + 2)
     groups.append(rollout)
     learner = start_group(
         backend, Learner, "learner", c.learner, placements["learner"], run_name=name, env=actor_env("learner", cfg),

@@ -53,6 +53,11 @@ class RolloutConfig(Section):
     """Prompts per generation request to one rollout actor. Engines switch weights between chunks, so smaller
     chunks track new versions sooner; null means prompts_per_step / rollout actors in the synchronous loop (one
     chunk per engine per step) and half that in the asynchronous one, rounded up."""
+    chunks_per_engine: int | None = Field(default=None, gt=0)
+    """Generation requests (chunks) one engine serves at once. Above 1 the episodes of several chunks share the
+    engine, so episodes waiting on their environment leave it to the others, and a weight push lands between two
+    engine steps instead of after the chunk in flight: turns in flight go on with the new weights, each token
+    stamped with the version that sampled it. Null: 1 without an `env` section, 4 with one."""
     dynamic_sampling: DynamicSamplingConfig | None = None
     """DAPO's dynamic sampling: drop groups whose rewards are all equal (no learning signal) and keep generating
     until the batch is full of groups that have one. Null keeps every group."""

@@ -71,6 +71,11 @@ class Config(Section):
         return self.loss.kl.coef > 0.0
 
     @property
+    def chunks_per_engine(self) -> int:
+        """Chunks one engine serves at once (`rollout.chunks_per_engine`, or its default for the job)."""
+        return self.rollout.chunks_per_engine or (1 if self.env is None else 4)
+
+    @property
     def max_staleness(self) -> int:
         """k of the loop: 0 for the synchronous loop."""
         return self.loop.max_staleness if isinstance(self.loop, AsyncLoop) else 0

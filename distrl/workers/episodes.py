@@ -34,9 +34,10 @@ class _Request:
 
 
 class EngineStepper:
-    """Samples turns on `engine` (a vLLM `LLMEngine`). `make_params(max_tokens, seed)` builds a request's
-    `SamplingParams`; `version()` is the policy version served now; `decode(ids)` gives a turn's text where the
-    engine did not detokenize."""
+    """Samples turns on `engine` (a vLLM `LLMEngine`), for every episode of every generation call in flight; lives
+    as long as its worker, on the engine's thread (`distrl.workers.engine_loop`). `make_params(max_tokens, seed)`
+    builds a request's `SamplingParams`; `version()` is the policy version served now; `decode(ids)` gives a turn's
+    text where the engine did not detokenize."""
 
     def __init__(self, engine: Any, make_params: Callable[[int, int], Any], version: Callable[[], int],
                  decode: Callable[[list[int]], str]):
@@ -45,6 +46,7 @@ class EngineStepper:
         self._ids = itertools.count()
         self._wake = asyncio.Event()
         self._closing = False
+        self.error: Exception | None = None
 
     @property
     def version(self) -> int:
@@ -53,16 +55,24 @@ class EngineStepper:
     async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> Sampled:
         from vllm.inputs import TokensPrompt
 
+        if self.error is not None:
+            raise RuntimeError(f"the engine failed earlier: {self.error}") from self.error
         request_id = f"turn-{next(self._ids)}"
         request = _Request(asyncio.get_running_loop().create_future())
         self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)),
                                 self.make_params(max_tokens, seed))
         self.requests[request_id] = request
         self._wake.set()
-        return await request.future
+        try:
+            return await request.future
+        except asyncio.CancelledError:  # its episode was given up (another episode of its call failed)
+            if self.requests.pop(request_id, None) is not None:
+                self.engine.abort_request([request_id])
+            raise
 
     async def run(self) -> None:
-        """Step the engine while requests are waiting, until `close()`; an engine error fails every waiting turn."""
+        """Step the engine while requests are waiting, until `close()`. An engine error fails every waiting turn
+        and every later one (the worker cannot serve any more)."""
         while True:
             if not self.requests:
                 if self._closing:
@@ -73,21 +83,29 @@ class EngineStepper:
             began = time.perf_counter()
             try:
                 outputs = self.engine.step()
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - it reaches every waiting turn, and every later one, which raise it
+                self.error = err
                 for request in self.requests.values():
                     request.future.set_exception(err)
                 self.requests.clear()
-                raise
+                return
             share = (time.perf_counter() - began) / len(self.requests)
             for request in self.requests.values():
                 request.engine_s += share
             version = self.version
             for out in outputs:
                 self._collect(out, version)
-            await asyncio.sleep(0)  # episodes whose turn finished (and environment calls) run now
+            await asyncio.sleep(0)  # episodes whose turn finished, environment calls and other work run now
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in the engine now."""
+        return len(self.requests)
 
     def _collect(self, out: Any, version: int) -> None:
-        request = self.requests[out.request_id]
+        request = self.requests.get(out.request_id)
+        if request is None:  # aborted while this step ran
+            return
         if request.prompt_ids is None and out.prompt_token_ids is not None:
             request.prompt_ids = list(out.prompt_token_ids)
         completion = out.outputs[0]
@@ -108,14 +126,6 @@ class EngineStepper:
             request.future.set_result(Sampled(request.prompt_ids or [], request.token_ids, request.logprobs,
                                               request.versions, text, completion.finish_reason or "length",
                                               request.engine_s))
-
-    def abort(self) -> None:
-        """Drop every request still in the engine (an episode failed: the others' turns are not wanted)."""
-        if self.requests:
-            self.engine.abort_request(list(self.requests))
-            for request in self.requests.values():
-                request.future.cancel()
-            self.requests.clear()
 
     def close(self) -> None:
         """`run` returns once no request is left."""

@@ -11,10 +11,13 @@ temperature; what remains of the difference (dtype, kernels, truncation) is the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
+import weakref
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,10 +26,11 @@ from distrl.agents.chat import ChatRenderer
 from distrl.agents.episode import Budget, EnvClient, EpisodeRunner
 from distrl.agents.host import EnvHost
 from distrl.agents.tool_calls import ToolCallParser
-from distrl.config import EnvConfig, ModelConfig, RolloutConfig
+from distrl.config import EnvConfig, ModelConfig, RolloutConfig, SamplingConfig
 from distrl.types import Prompt, Rollouts
 from distrl.workers import fingerprint
 from distrl.workers.device import granted_device
+from distrl.workers.engine_loop import EngineLoop
 from distrl.workers.episodes import EngineStepper
 from distrl.workers.fingerprint import Fingerprint, columns, of_sample, sample
 from distrl.workers.model import resolve_model_path
@@ -62,27 +66,46 @@ def _one_by_one(buckets: Iterable[dict[str, torch.Tensor]]) -> Iterator[tuple[st
 
 
 async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: list[int]) -> Rollouts:
-    """`worker.generate`'s episodes, as asyncio tasks sharing one stepped engine."""
-    stepper = EngineStepper(worker.llm.llm_engine, worker.sampling_params, worker.version, worker.decode)
-    stepping = asyncio.create_task(stepper.run())
+    """`worker.generate`'s episodes, as asyncio tasks on the engine's loop; other calls' episodes share the engine.
+    If one episode fails, the call's other episodes are given up (their requests leave the engine)."""
     n = worker.cfg.n_samples_per_prompt
-    runner = worker.runner(stepper)
-    runs = [runner.run(f"{ticket}.{j}", prompt.prompt_ids, prompt.row(), request_seed(worker.seed, ticket), j)
-            for prompt, ticket in zip(prompts, groups, strict=True) for j in range(n)]
+    runner = worker.runner()
+    tasks = [asyncio.ensure_future(runner.run(f"{ticket}.{j}", prompt.prompt_ids, prompt.row(),
+                                              request_seed(worker.seed, ticket), j))
+             for prompt, ticket in zip(prompts, groups, strict=True) for j in range(n)]
     try:
-        results = await asyncio.gather(*runs)
+        results = await asyncio.gather(*tasks)
     except BaseException:
-        stepper.abort()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         raise
-    finally:
-        stepper.close()
-        await stepping
     out = Rollouts.empty()
     for i, result in enumerate(results):
         traj = result.trajectory
         out.add(list(traj.prompt_ids), traj.response_ids, traj.logprobs, traj.mask, traj.versions, result.text,
                 result.finish_reason, groups[i // n], result.episode, worker.policy_version)
     return out.validate()
+
+
+def sampling_params(s: SamplingConfig, max_tokens: int, seed: int) -> Any:
+    """One turn's `SamplingParams`. vLLM detokenizes every sampled token, and every log-prob's token, as it goes: on
+    a small model that costs more than the forward passes, so only stop strings get it (the turn is decoded once at
+    its end otherwise). Flat log-probs hold one float per position (logprobs=0: the sampled token's) instead of a
+    dict per position; deltas let each token carry the version that sampled it."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=max_tokens,
+                          stop=s.stop or None, logprobs=0, flat_logprobs=True, detokenize=bool(s.stop), seed=seed,
+                          output_kind=RequestOutputKind.DELTA)
+
+
+@dataclass
+class Served:
+    """The policy version an engine serves: read by its stepper at every step, set by a weight load."""
+
+    version: int = 0
 
 
 def request_seed(seed: int, ticket: int) -> int:
@@ -106,7 +129,7 @@ class RolloutWorker:
         logging.getLogger(RELOAD_LOGGER).addFilter(_rotary_cache_not_in_checkpoint)
         self.cfg = cfg
         self.seed = seed
-        self.policy_version = 0
+        self.served = Served()
         self._torn: str | None = None  # why the engine may not serve (see load_weights)
         self.on_gpu = on_gpu = granted_device(num_gpus, "rollout") == "cuda"
         engine_args: dict[str, Any] = dict(
@@ -131,7 +154,9 @@ class RolloutWorker:
             # prompts pass the token budget (4096) would crash. Whole prompts are scheduled instead.
             engine_args.update(kv_cache_memory_bytes=cfg.kv_cache_bytes, distributed_executor_backend="uni",
                                enable_chunked_prefill=False)
-        self.llm = LLM(**engine_args)
+        self.engine = EngineLoop(lambda: LLM(**engine_args))
+        weakref.finalize(self, self.engine.stop)  # the engine's thread (which holds the engine) ends with the worker
+        self.llm = self.engine.engine
         self.tokenizer = self.llm.get_tokenizer()
         context = self.llm.llm_engine.model_config.max_model_len
         self.chat = ChatRenderer(self.tokenizer)
@@ -149,6 +174,15 @@ class RolloutWorker:
             self.max_restarts = max_restarts
             if e.tool_parser is not None:
                 self.parser = ToolCallParser(e.tool_parser, self.tokenizer)
+        served, decode = self.served, functools.partial(self.tokenizer.decode, skip_special_tokens=True)
+        self.stepper = self.engine.call(EngineStepper, self.llm.llm_engine,
+                                        functools.partial(sampling_params, cfg.sampling), lambda: served.version,
+                                        decode)  # vLLM's own default for completion text: special tokens skipped
+        self.engine.start(self.stepper.run())
+
+    @property
+    def policy_version(self) -> int:
+        return self.served.version
 
     def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
         """Run `n_samples_per_prompt` episodes per prompt; `groups[i]` is prompt i's ticket (group id), from which
@@ -162,29 +196,12 @@ class RolloutWorker:
         """
         self._check_usable()
         # A module function, not a method: Ray runs a class with any coroutine method as an asyncio actor.
-        return asyncio.run(run_episodes(self, prompts, groups))
+        return self.engine.run(run_episodes(self, prompts, groups))
 
-    def runner(self, stepper: EngineStepper) -> EpisodeRunner:
-        """The episode runner of this worker's configuration over `stepper`."""
-        return EpisodeRunner(stepper, self.chat, self.budget, self.envs, self.parser, self.end_of_turn,
+    def runner(self) -> EpisodeRunner:
+        """The episode runner of this worker's configuration over its engine."""
+        return EpisodeRunner(self.stepper, self.chat, self.budget, self.envs, self.parser, self.end_of_turn,
                              self.max_restarts)
-
-    def sampling_params(self, max_tokens: int, seed: int) -> Any:
-        """One turn's `SamplingParams`. vLLM detokenizes every sampled token, and every log-prob's token, as it
-        goes: on a small model that costs more than the forward passes, so only stop strings get it (the turn is
-        decoded once at its end otherwise). Flat log-probs hold one float per position (logprobs=0: the sampled
-        token's) instead of a dict per position; deltas let each token carry the version that sampled it."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        s = self.cfg.sampling
-        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=max_tokens,
-                              stop=s.stop or None, logprobs=0, flat_logprobs=True, detokenize=bool(s.stop),
-                              seed=seed, output_kind=RequestOutputKind.DELTA)
-
-    def decode(self, ids: list[int]) -> str:
-        # vLLM's own defaults for completion text: special tokens skipped.
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def version(self) -> int:
         """The policy version this engine serves."""
@@ -198,7 +215,14 @@ class RolloutWorker:
         vLLM's layer-wise reload holds a layer's tensors until all of them are in (a fused qkv or gate_up
         projection may span two buckets), then processes the layer (on CPU: repacks it for oneDNN). The engine
         serves `version` only once every bucket is in; a load that fails midway leaves a mix of two versions, so
-        the engine refuses all further work (`UnusableEngine`) and must be replaced."""
+        the engine refuses all further work (`UnusableEngine`) and must be replaced.
+
+        Runs on the engine's thread between two engine steps: turns in flight go on with the new weights from the
+        next step (their cached keys and values are computed again), each token stamped with the version that
+        sampled it."""
+        return self.engine.call(self._load_weights, version, buckets)
+
+    def _load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         self._check_usable()
         loaded = False
         try:
@@ -215,8 +239,9 @@ class RolloutWorker:
                               f"versions' weights")
         if self.on_gpu:
             torch.cuda.empty_cache()  # the reload's staging blocks back to the device, outside vLLM's budget
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        self.policy_version = version
+        # Cached KV blocks were computed with the old weights; so were those of turns in flight.
+        self.llm.reset_prefix_cache(reset_running_requests=self.stepper.in_flight > 0)
+        self.served.version = version
         return version
 
     def _check_usable(self) -> None:
@@ -228,13 +253,14 @@ class RolloutWorker:
         `version` (the push's load, resolved first); returns `version`. Raises WeightMismatch naming the engine and
         the first tensor that differs."""
         self._check_usable()
-        fingerprint.check(expected, self.llm.apply_model(served_fingerprint)[0], name, version)  # one worker (TP 1)
+        served = self.engine.call(self.llm.apply_model, served_fingerprint)[0]  # one worker (TP 1)
+        fingerprint.check(expected, served, name, version)
         return version
 
     def nccl_connect(self, host: str, port: int, rank: int, world_size: int) -> None:
         from distrl.workers import nccl
 
-        self._nccl = nccl.make_communicator(host, port, rank, world_size)
+        self._nccl = self.engine.call(nccl.make_communicator, host, port, rank, world_size)
         self._nccl_device = torch.device("cuda", torch.cuda.current_device())
 
     def nccl_receive(self, version: int, specs: list, dtype: str) -> int:
@@ -249,12 +275,18 @@ class RolloutWorker:
         """Log-probs the engine assigns to the tokens after position `prompt_len` of each sequence (no sampling).
 
         Used to check that the engine serves exactly the learner's weights after a sync. Raw log-probs:
-        vLLM applies no temperature to prompt log-probs.
+        vLLM applies no temperature to prompt log-probs. Only while no generation is in flight (it steps the engine
+        itself).
         """
+        self._check_usable()
+        return self.engine.call(self._score, sequences, prompt_len)
+
+    def _score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        self._check_usable()
+        if self.stepper.in_flight:
+            raise RuntimeError("RolloutWorker.score steps the engine itself: call it while no generation runs")
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
                                     use_tqdm=False)

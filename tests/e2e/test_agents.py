@@ -4,12 +4,17 @@ chat template's deltas and masked, and a multi-turn job trains end to end throug
 
 import gc
 import json
+import threading
+import time
 
 import pytest
+import torch
 
 from distrl.agents.chat import ChatRenderer
 from distrl.config import EnvConfig, from_dict
 from distrl.types import Prompt
+from distrl.workers import export
+from distrl.workers.model import load_causal_lm
 from distrl.workers.rollout import RolloutWorker
 from tests.agent_envs import TOOLS
 from tests.e2e.conftest import quickstart, start_quickstart
@@ -102,3 +107,37 @@ def test_a_step_whose_prompts_pass_the_engines_token_budget_is_generated(cfg):
     prompts = [Prompt(index=i, text="", prompt_ids=[(7 * i + j) % 400 + 10 for j in range(300)]) for i in range(32)]
     out = RolloutWorker(cfg.rollout, cfg.model, max_prompt_tokens=300, seed=3).generate(prompts, list(range(32)))
     assert len(out) == 64 and all(len(ids) == 6 for ids in out.response_ids)
+
+
+def test_a_push_while_episodes_run_lands_between_engine_steps_and_each_token_keeps_its_version(cfg):
+    """Weights of version 1 are loaded while three-turn episodes wait on their environment (1 s a step): their
+    later turns are sampled by the new weights, stamped 1, and the engine's scoring with the new weights gives
+    exactly the sampler's log-probs of those tokens; the sample's policy version is its oldest token's (0)."""
+    env = EnvConfig.model_validate({"class": "tests.agent_envs:Chatter", "kwargs": {"turns": 3, "sleep": 1.0}})
+    engine = RolloutWorker(cfg.rollout, cfg.model, max_prompt_tokens=64, seed=5, environment=env)
+    prompts = [Prompt(index=i, text=q, prompt_ids=[], sample={"prompt": q}) for i, q in enumerate(["1 2 3", "hi"])]
+    engine.generate(prompts[:1], [9])  # the engine's first steps are slow (warm-up): not under the clock below
+    learner = load_causal_lm(cfg.model, "float32")
+    with torch.no_grad():
+        for param in learner.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(0)))
+    buckets = [export.bucket(learner, spec, "float32") for spec in export.specs(learner, 2**20, "float32")]
+    results = []
+
+    def generate() -> None:
+        results.append(engine.generate(prompts, [0, 1]))
+
+    generating = threading.Thread(target=generate)
+    generating.start()
+    time.sleep(0.5)  # every episode has sampled its first turn and waits on its environment
+    assert engine.load_weights(1, buckets) == 1
+    generating.join(timeout=120)
+    out = results[0]
+    for i in range(len(out)):
+        trained = [v for v, m in zip(out.token_versions[i], out.loss_mask[i], strict=True) if m]
+        assert set(trained) == {0, 1} and trained == sorted(trained)  # turn 1 by version 0, the rest by 1
+        assert out.policy_version[i] == 0
+        scored = engine.score([out.prompt_ids[i] + out.response_ids[i]], len(out.prompt_ids[i]))[0]
+        new = [(s, r) for s, r, m, v in zip(scored, out.rollout_logprobs[i], out.loss_mask[i], out.token_versions[i],
+                                              strict=True) if m and v == 1]
+        assert new and max(abs(s - r) for s, r in new) < 1e-5
