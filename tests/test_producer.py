@@ -133,3 +133,41 @@ def test_work_done_in_time_but_collected_late_is_not_late():
     # Past its deadline, ready, but not among what one wait returned (a Ray wait returns one handle at a time).
     producer._due(done, time.perf_counter() - 1.0, "learner-0's update")
     producer._raise_if_late([done, other], [other], time.perf_counter())
+
+
+@pytest.mark.parametrize("prompts,actors,k,slots,chunk", [
+    (8, 1, 0, 4, 2),  # an engine serving 4 chunks at once gets 4 a step
+    (8, 2, 1, 4, 1),
+    (8, 1, 1, 1, 4),  # one slot: the asynchronous loop's 2 chunks
+])
+def test_default_chunk_fills_an_engines_slots(prompts, actors, k, slots, chunk):
+    assert default_chunk(prompts, actors, k, slots) == chunk
+
+
+class Held(Echo):
+    """A rollout worker whose chunks stay in flight until the test lets them go (their handles are not done)."""
+
+    def generate(self, prompts: list[Prompt], groups: list[int]) -> str:
+        return "never"
+
+
+def test_an_engine_with_slots_takes_that_many_chunks_and_a_death_frees_them_all():
+    group: LocalGroup = LocalGroup("rollout", NeverReady(), lambda i, incarnation: Held(), 2)
+    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(16)], seed=0, shuffle=False)
+    replaced: list[int] = []
+
+    def load_weights(i: int) -> Done:
+        replaced.append(i)
+        return Done(0)
+
+    producer = Producer(group, stream, RewardConfig(), prompts_per_step=8, max_staleness=0, chunk_prompts=None,
+                        dynamic_sampling=None, load_weights=load_weights, recovery=RecoveryConfig(),
+                        call_timeout_s=60.0, chunks_per_engine=3)
+    assert producer.chunk == 2 and sorted(producer.idle) == [0, 0, 0, 1, 1, 1]
+    producer._admit()  # 8 prompts of room: 4 chunks of 2, into the free slots (the last listed first)
+    assert sorted(c.actor for c in producer.in_flight.values()) == [0, 1, 1, 1] and producer.idle == [0, 0]
+    assert producer._idle_since == {}  # both engines have a chunk: neither counts as idle
+    producer.lost(1, 0, ActorLost("killed"))
+    assert 1 not in producer.idle and replaced == [1]  # none of its slots is handed out until it serves
+    producer._on_replaced(next(iter(producer.replacing)))
+    assert producer.idle.count(1) == 3
