@@ -8,11 +8,16 @@ sampled with its own generator, seeded like vLLM's requests (`request_seed`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 import torch
 
-from distrl.config import ModelConfig, RolloutConfig
+from distrl.agents.chat import ChatRenderer
+from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, Sampled
+from distrl.agents.host import EnvHost
+from distrl.agents.tool_calls import ToolCallParser
+from distrl.config import EnvConfig, ModelConfig, RolloutConfig
 from distrl.types import Episode, Prompt, Rollouts
 from distrl.workers.fingerprint import Fingerprint, check, of_tensors
 from distrl.workers.model import DTYPES, load_causal_lm, load_tokenizer
@@ -21,16 +26,26 @@ from distrl.workers.rollout import request_seed
 
 class HFRolloutWorker:
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
-                 num_gpus: float = 0.0, environment: None = None, envs: None = None, max_restarts: int = 0):
+                 num_gpus: float = 0.0, environment: EnvConfig | None = None, envs: EnvClient | None = None,
+                 max_restarts: int = 0):
         self.cfg = cfg
         self.model = load_causal_lm(model, "float32").requires_grad_(False)
         self.tokenizer = load_tokenizer(model)
         self.seed = seed
         self.policy_version = 0
         self.calls = 0  # generate calls served, for tests of the dispatch
+        self.runner: EpisodeRunner | None = None
+        if environment is not None:  # multi-turn episodes through distrl's own runner, sampled here
+            e, context = environment, self.model.config.max_position_embeddings
+            budget = Budget(e.max_turns, e.max_tokens or context, context, cfg.sampling.max_new_tokens)
+            parser = None if e.tool_parser is None else ToolCallParser(e.tool_parser, self.tokenizer)
+            self.runner = EpisodeRunner(HFSampler(self), ChatRenderer(self.tokenizer), budget,
+                                        envs or EnvHost(e.cls, e.kwargs, e.step_timeout_s, e.on_error), parser,
+                                        self.tokenizer.eos_token_id, max_restarts)
 
     @torch.no_grad()
-    def _sample(self, prompt_ids: list[int], n: int, seed: int) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    def _sample(self, prompt_ids: list[int], n: int, seed: int, max_tokens: int | None = None,
+                ) -> tuple[list[list[int]], list[list[float]], list[str]]:
         s = self.cfg.sampling
         generator = torch.Generator().manual_seed(seed)
         ids = torch.tensor([prompt_ids] * n)
@@ -38,7 +53,7 @@ class HFRolloutWorker:
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         reasons = ["length"] * n
-        for _ in range(s.max_new_tokens):
+        for _ in range(max_tokens or s.max_new_tokens):
             logits = self.model(input_ids=ids).logits[:, -1].float() / s.temperature
             logp = torch.log_softmax(logits, -1)
             next_ids = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
@@ -55,6 +70,8 @@ class HFRolloutWorker:
 
     def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
         self.calls += 1
+        if self.runner is not None:
+            return asyncio.run(self._episodes(self.runner, prompts, groups))
         out = Rollouts.empty()
         for prompt, group in zip(prompts, groups, strict=True):
             tokens, logprobs, reasons = self._sample(prompt.prompt_ids, self.cfg.n_samples_per_prompt,
@@ -63,6 +80,17 @@ class HFRolloutWorker:
                 v = self.policy_version
                 out.add(list(prompt.prompt_ids), ids, lps, [1] * len(ids), [v] * len(ids),
                         self.tokenizer.decode(ids, skip_special_tokens=True), reason, group, Episode(), v)
+        return out.validate()
+
+    async def _episodes(self, runner: EpisodeRunner, prompts: list[Prompt], groups: list[int]) -> Rollouts:
+        n = self.cfg.n_samples_per_prompt
+        results = [await runner.run(f"{g}.{j}", p.prompt_ids, p.row(), request_seed(self.seed, g), j)
+                   for p, g in zip(prompts, groups, strict=True) for j in range(n)]
+        out = Rollouts.empty()
+        for i, r in enumerate(results):
+            t = r.trajectory
+            out.add(t.prompt_ids, t.response_ids, t.logprobs, t.mask, t.versions, r.text, r.finish_reason,
+                    groups[i // n], r.episode, self.policy_version)
         return out.validate()
 
     def load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
@@ -74,3 +102,20 @@ class HFRolloutWorker:
     def check_weights(self, version: int, expected: Fingerprint, name: str) -> int:
         check(expected, of_tensors(self.model.state_dict().items(), DTYPES[self.cfg.dtype]), name, version)
         return version
+
+
+class HFSampler:
+    """The episode runner's sampler over an HFRolloutWorker: one sample per turn, seeded like a vLLM request."""
+
+    def __init__(self, worker: HFRolloutWorker):
+        self.worker = worker
+
+    @property
+    def version(self) -> int:
+        return self.worker.policy_version
+
+    async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> Sampled:
+        tokens, logprobs, reasons = self.worker._sample(prompt_ids, 1, seed, max_tokens)
+        v = self.worker.policy_version
+        return Sampled(list(prompt_ids), tokens[0], logprobs[0], [v] * len(tokens[0]),
+                       self.worker.tokenizer.decode(tokens[0], skip_special_tokens=True), reasons[0])

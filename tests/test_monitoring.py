@@ -29,13 +29,20 @@ def exported(tmp_path_factory, tiny_model_dir) -> set[str]:
     """The Prometheus name of every figure distrl's loop writes to Ray (RayMetricsSink: `step` and each row's
     measured keys), from a run on the local backend: the asynchronous loop with staleness up to 2 (every staleness
     bucket) and a checkpoint. It writes every key the synchronous loop does (a key only that loop wrote would make
-    the test below fail, not pass)."""
+    the test below fail, not pass). Then a short multi-turn job (an `env` section) for the `agent/*` figures."""
     cfg = config.load(ROOT / "configs" / "quickstart.yaml", [
         f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path_factory.mktemp('run')}", "run.progress=false",
         "run.ray_metrics=false", "run.tensorboard=false", "cluster.backend=local", "rollout.prompts_per_step=4",
         "rollout.n_samples_per_prompt=4", "rollout.sampling.max_new_tokens=6", "learner.micro_batch_size=16",
         "loop.mode=async", "loop.max_staleness=2", "run.steps=5", "run.checkpoint_every=2"])
     rows = train(cfg, rollout_worker=HFRolloutWorker)
+    # And a multi-turn job, for the agent/* figures.
+    agent = config.load(ROOT / "configs" / "quickstart.yaml", [
+        f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path_factory.mktemp('agent')}", "run.progress=false",
+        "run.ray_metrics=false", "run.tensorboard=false", "cluster.backend=local", "rollout.prompts_per_step=2",
+        "rollout.n_samples_per_prompt=2", "rollout.sampling.max_new_tokens=4", "learner.micro_batch_size=4",
+        "run.steps=2", "env.class=tests.agent_envs:Chatter", "env.kwargs.turns=2"])
+    rows += train(agent, rollout_worker=HFRolloutWorker)
     keys = {"step"} | {k for row in rows for k, v in row.items() if v is not None and math.isfinite(v)}
     return {"ray_" + gauge_name(key) for key in keys}  # RayMetricsSink skips null and non-finite values
 
