@@ -225,7 +225,7 @@ def test_a_learner_that_dies_before_any_step_is_not_recovered(tmp_path, tiny_mod
         train(local_config(tmp_path, tiny_model_dir, "run.checkpoint_every=1"), rollout_worker=HFRolloutWorker)
 
 
-TIMING = ("time/", "throughput/", "rollout/tokens_per_s", "sync/bytes_per_s", "idle/")
+TIMING = ("time/", "throughput/", "rollout/tokens_per_s", "rollout/engine_busy_frac", "sync/bytes_per_s", "idle/")
 
 
 def outcome(rows_: list[dict], also: tuple[str, ...] = ()) -> list[dict]:

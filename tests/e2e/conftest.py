@@ -70,7 +70,8 @@ def start_quickstart(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen,
 
 def outcome(metrics: Path) -> list[dict]:
     """A run's rows without the figures that measure time."""
-    timing = ("time/", "throughput/", "rollout/tokens_per_s", "sync/bytes_per_s", "idle/")
+    timing = ("time/", "throughput/", "rollout/tokens_per_s", "rollout/engine_busy_frac", "sync/bytes_per_s",
+              "idle/", "agent/env_wait_s")
     return [{k: v for k, v in json.loads(line).items() if not k.startswith(timing)}
             for line in metrics.read_text().splitlines()]
 
