@@ -20,10 +20,11 @@ rubric classes): two coroutines and four small types.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from distrl.imports import import_spec
 
 
 @dataclass(frozen=True)
@@ -90,17 +91,7 @@ class Environment(Protocol):
 
 def resolve_env(spec: str) -> type:
     """The environment class that `spec` (`package.module:Class`) names, checked for the two coroutines."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"environment {spec!r} must be written 'package.module:Class', "
-                         f"e.g. 'distrl.agents.envs:ToolEnvironment'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"environment {spec!r}: cannot import module {module_name!r}: {err}") from err
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"environment {spec!r}: module {module_name!r} has no attribute {attr!r}")
+    cls = import_spec(spec, "environment", "Class", "distrl.agents.envs:ToolEnvironment")
     if not inspect.isclass(cls):
         raise ValueError(f"environment {spec!r} is a {type(cls).__name__}, not a class")
     for method in ("start", "step"):

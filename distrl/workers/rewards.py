@@ -8,13 +8,13 @@ This module is plain Python: the Ray task that runs `score_batch` lives in `dist
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 import re
 from collections.abc import Callable
 from typing import Literal
 
+from distrl.imports import import_spec
 from distrl.tasks.toy import toy_reward as toy
 
 __all__ = ["RewardError", "exact_match", "extract_number", "final_answer", "numeric_answer", "resolve_reward",
@@ -33,17 +33,7 @@ class RewardError(RuntimeError):
 # ------------------------------------------------------------------------------------------------------ resolving
 def resolve_reward(spec: str) -> RewardFn:
     """Import the reward function that `spec` (`package.module:function`) names."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"reward function {spec!r} must be written 'package.module:function', "
-                         f"e.g. 'distrl.workers.rewards:exact_match'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"reward function {spec!r}: cannot import module {module_name!r}: {err}") from err
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise ValueError(f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}")
+    fn = import_spec(spec, "reward function", "function", "distrl.workers.rewards:exact_match")
     if not callable(fn):
         raise ValueError(f"reward function {spec!r} is a {type(fn).__name__}, not a callable")
     return fn

@@ -8,9 +8,10 @@ Config names a tool as a built-in name from `TOOLS` or as `package.module:Class`
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from distrl.imports import import_spec
 
 __all__ = ["DEFAULT_MAX_OUTPUT_CHARS", "TOOLS", "Tool", "ToolResult", "resolve_tool", "truncate"]
 
@@ -60,17 +61,10 @@ import (or probe the sandbox of) another."""
 def resolve_tool(spec: str, kwargs: dict | None = None) -> Tool:
     """The tool `spec` names (a key of `TOOLS`, or `package.module:Class`), constructed with `kwargs`."""
     path = TOOLS.get(spec, spec)
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
+    if ":" not in path:
         raise ValueError(f"tool {spec!r} must be a built-in ({', '.join(sorted(TOOLS))}) or written "
                          f"'package.module:Class', e.g. 'distrl.agents.tools.calculator:Calculator'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"tool {spec!r}: cannot import module {module_name!r}: {err}") from err
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"tool {spec!r}: module {module_name!r} has no attribute {attr!r}")
+    cls = import_spec(path, "tool", "Class", "distrl.agents.tools.calculator:Calculator")
     if not callable(cls):
         raise ValueError(f"tool {spec!r} is a {type(cls).__name__}, not a class")
     try:
