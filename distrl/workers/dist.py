@@ -7,6 +7,8 @@ full-batch loss and its gradient.
 
 from __future__ import annotations
 
+import gc
+
 import torch
 import torch.distributed as dist
 
@@ -17,6 +19,22 @@ def init_process_group(master_addr: str, master_port: int, rank: int, world_size
     dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
                             world_size=world_size)
     return backend
+
+
+def leave_process_group() -> None:
+    """Leave the group and end its threads now (gloo's workers and TCP loop, the store's), while the interpreter runs.
+
+    `destroy_process_group` only forgets the group: its C++ object, with gloo's worker threads, lives on while
+    anything holds it, else to the end of the process. A worker that drops the last reference to a finished
+    collective's tensors takes the GIL to free them; once the interpreter is finalizing, CPython ends such a thread
+    with `pthread_exit`, whose unwinding through a noexcept destructor aborts the process ("terminate called without
+    an active exception"). Collected here, the group's destructor joins its threads first. Call it once nothing else
+    holds the group: the models sharded over it dropped (`Learner.close`). Without a group it only collects (one
+    destroyed earlier may still be held by a model dropped since).
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()  # models and optimizers are reference cycles: the group goes with the last of them
 
 
 def world_size() -> int:
