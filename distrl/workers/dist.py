@@ -8,17 +8,35 @@ full-batch loss and its gradient.
 from __future__ import annotations
 
 import gc
+import socket
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 
 def init_process_group(master_addr: str, master_port: int, rank: int, world_size: int, device: str) -> str:
-    """Join the learners' group (gloo for learners on the CPU, NCCL on the GPU); returns the backend."""
+    """Join the learners' group (gloo for learners on the CPU, NCCL on the GPU), rendezvous at rank 0's store on
+    `master_addr:master_port`; returns the backend."""
     backend = "nccl" if device == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+    dist.init_process_group(backend, store=rendezvous_store(master_addr, master_port, rank, world_size), rank=rank,
                             world_size=world_size)
     return backend
+
+
+def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: int) -> dist.TCPStore:
+    """The group's key-value store: its server on rank 0, listening on `master_addr` only; a client elsewhere.
+
+    A TCPStore server binds every interface whatever host it is given (and so does `init_method="tcp://..."`),
+    which on a cluster kept to 127.0.0.1 would open the learners' rendezvous to the network. It takes over a
+    socket bound beforehand instead (`master_listen_fd`)."""
+    if rank != 0:
+        return dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=default_pg_timeout)
+    family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
+    listening = socket.create_server((master_addr, master_port), family=family)
+    # detach: the store owns the descriptor now and closes it; a Python socket object would close it again
+    return dist.TCPStore(master_addr, master_port, world_size, is_master=True, timeout=default_pg_timeout,
+                         master_listen_fd=listening.detach())
 
 
 def leave_process_group() -> None:
@@ -43,8 +61,6 @@ def world_size() -> int:
 
 def free_port(host: str) -> int:
     """A free TCP port on `host` (the calling actor's node): the rendezvous of a process group."""
-    import socket
-
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
