@@ -7,8 +7,11 @@ full-batch loss and its gradient.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import socket
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -19,9 +22,42 @@ def init_process_group(master_addr: str, master_port: int, rank: int, world_size
     """Join the learners' group (gloo for learners on the CPU, NCCL on the GPU), rendezvous at rank 0's store on
     `master_addr:master_port`; returns the backend."""
     backend = "nccl" if device == "cuda" else "gloo"
-    dist.init_process_group(backend, store=rendezvous_store(master_addr, master_port, rank, world_size), rank=rank,
-                            world_size=world_size)
+    store = rendezvous_store(master_addr, master_port, rank, world_size)
+    with gloo_bound_to(master_addr) if backend == "gloo" else contextlib.nullcontext():
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     return backend
+
+
+@contextlib.contextmanager
+def gloo_bound_to(master_addr: str) -> Iterator[None]:
+    """Gloo groups made within listen on the interface this process reaches `master_addr` through
+    (`GLOO_SOCKET_IFNAME`, read when a group is made), unless the variable is set already.
+
+    Gloo otherwise binds the address the machine's host name resolves to, whatever address the cluster runs on: a
+    LAN address for a cluster kept to 127.0.0.1, on a host whose name resolves to one."""
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        yield
+        return
+    os.environ["GLOO_SOCKET_IFNAME"] = interface_towards(master_addr)
+    try:
+        yield
+    finally:
+        del os.environ["GLOO_SOCKET_IFNAME"]
+
+
+def interface_towards(address: str) -> str:
+    """The name of the network interface holding the address this process reaches `address` from (the source
+    address of the route to it: its own node's address, or 127.0.0.1 towards 127.0.0.1)."""
+    import psutil
+
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((address, 9))  # UDP: chooses the route, sends nothing
+        source = probe.getsockname()[0]
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == source for a in addresses):
+            return name
+    raise RuntimeError(f"learners' process group: no network interface holds {source}, the address this process "
+                       f"reaches {address} from")
 
 
 def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: int) -> dist.TCPStore:
