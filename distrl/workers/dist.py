@@ -13,6 +13,7 @@ import os
 import socket
 from collections.abc import Iterator
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
@@ -48,8 +49,6 @@ def gloo_bound_to(master_addr: str) -> Iterator[None]:
 def interface_towards(address: str) -> str:
     """The name of the network interface holding the address this process reaches `address` from (the source
     address of the route to it: its own node's address, or 127.0.0.1 towards 127.0.0.1)."""
-    import psutil
-
     with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((address, 9))  # UDP: chooses the route, sends nothing
         source = probe.getsockname()[0]
