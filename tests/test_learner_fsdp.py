@@ -4,6 +4,7 @@ learner on the whole batch: the same losses, the same weights, and a checkpoint 
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -121,3 +122,57 @@ def test_two_sharded_critics_train_as_one_replicated_critic(tiny_model_dir, tmp_
     torch.testing.assert_close(result["before"], before[:4], rtol=0, atol=1e-6)  # learner 0: rows 0-3
     torch.testing.assert_close(result["losses"], torch.tensor(losses), rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(result["after"], after[:4], rtol=0, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------- leaving the group
+GROUP_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv")
+"""The names torch gives the threads of a gloo group: its workers, gloo's TCP loop, the TCPStore server's loop."""
+
+
+def group_threads() -> list[str]:
+    """This process's threads that belong to a process group (Linux: /proc/self/task/*/comm)."""
+    names = [(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
+    return sorted(name for name in names if name in GROUP_THREADS)
+
+
+def exit_scenario(role: str, model_dir: str, port: int) -> None:
+    """Run in a fresh process: a sharded learner (or critic) joins a 1-rank group, runs collectives, and the process
+    exits normally. A handler registered first runs last at exit, after the learner's own (`Learner.close`), and
+    prints which group threads are left."""
+    import atexit
+    import sys
+
+    from test_critic import make_critic
+
+    atexit.register(lambda: print("at exit:", group_threads(), flush=True))
+    worker = make_learner(model_dir, strategy=FSDPStrategy()) if role == "learner" else \
+        make_critic(model_dir, strategy=FSDPStrategy())
+    worker.connect("127.0.0.1", port, 0, 1)
+    if role == "learner":
+        worker.logprobs(batch().sequences)
+        full_weights(worker)  # gathers: the collective whose tensors a gloo worker thread let go of at exit
+    else:
+        worker.values(batch().sequences)
+    print("connected:", group_threads(), flush=True)
+    sys.exit(0)
+
+
+@pytest.mark.parametrize("role", ["learner", "critic"])
+def test_a_sharded_worker_leaves_its_group_before_the_interpreter_finalizes(role, tiny_model_dir):
+    """A gloo worker thread that frees a collective's tensors during finalization aborts the process (see
+    `distrl.workers.dist.leave_process_group`); the learner's exit handler ends those threads first."""
+    import subprocess
+    import sys
+
+    from test_sharding import _free_port
+
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)]), "OMP_NUM_THREADS": "1"}
+    code = f"import test_learner_fsdp as t; t.exit_scenario({role!r}, {str(tiny_model_dir)!r}, {_free_port()})"
+    done = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = dict(line.split(": ", 1) for line in done.stdout.splitlines() if line.startswith(("connected", "at exit")))
+    # two gloo workers: the check sees the threads it looks for
+    assert said["connected"] == str(sorted((*GROUP_THREADS, "pt_gloo_runloop")))
+    assert said["at exit"] == "[]"

@@ -154,9 +154,7 @@ SCENARIOS = {"numerics": scenario_numerics, "checkpoint": scenario_checkpoint, "
 
 
 def _worker(rank: int, world: int, port: int, scenario: str, model_dir: Path, out: Path) -> None:
-    import torch.distributed as torch_dist
-
-    from distrl.workers.dist import init_process_group
+    from distrl.workers.dist import init_process_group, leave_process_group
 
     torch.set_num_threads(1)
     run = SCENARIOS.get(scenario) or _learner_scenario(scenario)
@@ -170,8 +168,8 @@ def _worker(rank: int, world: int, port: int, scenario: str, model_dir: Path, ou
     except BaseException:
         (out / f"error-{rank}.txt").write_text(traceback.format_exc())
         raise
-    finally:
-        torch_dist.destroy_process_group()
+    finally:  # a learner scenario's learners leave at exit (`Learner.close`)
+        leave_process_group()
 
 
 def _learner_scenario(name: str):

@@ -9,6 +9,8 @@ starts from the same head.
 
 from __future__ import annotations
 
+import atexit
+
 import torch
 
 from distrl import checkpoint
@@ -102,9 +104,17 @@ class Critic:
         """Join the critics' own process group (and build a sharded value model over it); returns the backend (gloo
         on CPU, NCCL on GPU)."""
         backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device)
+        atexit.register(self.close)  # a graceful exit leaves the group first (`Learner.connect`)
         if self.strategy.sharded:
             self._build(load_sharded_value_model(self.model_cfg, self.cfg.path, self.device, self.seed, self.cfg))
         return backend
+
+    def close(self) -> None:
+        """Drop the value model and optimizer and leave the critics' group, ending its threads (`Learner.close`)."""
+        atexit.unregister(self.close)
+        self.__dict__.pop("model", None)
+        self.__dict__.pop("trainer", None)
+        dist.leave_process_group()
 
     def free_port(self, host: str) -> int:
         """A free TCP port on `host` (this actor's node): the rendezvous of the critics' group."""

@@ -7,16 +7,87 @@ full-batch loss and its gradient.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
+import socket
+from collections.abc import Iterator
+
+import psutil
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 
 def init_process_group(master_addr: str, master_port: int, rank: int, world_size: int, device: str) -> str:
-    """Join the learners' group (gloo for learners on the CPU, NCCL on the GPU); returns the backend."""
+    """Join the learners' group (gloo for learners on the CPU, NCCL on the GPU), rendezvous at rank 0's store on
+    `master_addr:master_port`; returns the backend."""
     backend = "nccl" if device == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                            world_size=world_size)
+    store = rendezvous_store(master_addr, master_port, rank, world_size)
+    with gloo_bound_to(master_addr) if backend == "gloo" else contextlib.nullcontext():
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     return backend
+
+
+@contextlib.contextmanager
+def gloo_bound_to(master_addr: str) -> Iterator[None]:
+    """Gloo groups made within listen on the interface this process reaches `master_addr` through
+    (`GLOO_SOCKET_IFNAME`, read when a group is made), unless the variable is set already.
+
+    Gloo otherwise binds the address the machine's host name resolves to, whatever address the cluster runs on: a
+    LAN address for a cluster kept to 127.0.0.1, on a host whose name resolves to one."""
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        yield
+        return
+    os.environ["GLOO_SOCKET_IFNAME"] = interface_towards(master_addr)
+    try:
+        yield
+    finally:
+        del os.environ["GLOO_SOCKET_IFNAME"]
+
+
+def interface_towards(address: str) -> str:
+    """The name of the network interface holding the address this process reaches `address` from (the source
+    address of the route to it: its own node's address, or 127.0.0.1 towards 127.0.0.1)."""
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((address, 9))  # UDP: chooses the route, sends nothing
+        source = probe.getsockname()[0]
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == source for a in addresses):
+            return name
+    raise RuntimeError(f"learners' process group: no network interface holds {source}, the address this process "
+                       f"reaches {address} from")
+
+
+def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: int) -> dist.TCPStore:
+    """The group's key-value store: its server on rank 0, listening on `master_addr` only; a client elsewhere.
+
+    A TCPStore server binds every interface whatever host it is given (and so does `init_method="tcp://..."`),
+    which on a cluster kept to 127.0.0.1 would open the learners' rendezvous to the network. It takes over a
+    socket bound beforehand instead (`master_listen_fd`)."""
+    if rank != 0:
+        return dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=default_pg_timeout)
+    family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
+    listening = socket.create_server((master_addr, master_port), family=family)
+    # detach: the store owns the descriptor now and closes it; a Python socket object would close it again
+    return dist.TCPStore(master_addr, master_port, world_size, is_master=True, timeout=default_pg_timeout,
+                         master_listen_fd=listening.detach())
+
+
+def leave_process_group() -> None:
+    """Leave the group and end its threads now (gloo's workers and TCP loop, the store's), while the interpreter runs.
+
+    `destroy_process_group` only forgets the group: its C++ object, with gloo's worker threads, lives on while
+    anything holds it, else to the end of the process. A worker that drops the last reference to a finished
+    collective's tensors takes the GIL to free them; once the interpreter is finalizing, CPython ends such a thread
+    with `pthread_exit`, whose unwinding through a noexcept destructor aborts the process ("terminate called without
+    an active exception"). Collected here, the group's destructor joins its threads first. Call it once nothing else
+    holds the group: the models sharded over it dropped (`Learner.close`). Without a group it only collects (one
+    destroyed earlier may still be held by a model dropped since).
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()  # models and optimizers are reference cycles: the group goes with the last of them
 
 
 def world_size() -> int:
@@ -25,8 +96,6 @@ def world_size() -> int:
 
 def free_port(host: str) -> int:
     """A free TCP port on `host` (the calling actor's node): the rendezvous of a process group."""
-    import socket
-
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -8,6 +8,8 @@ normalisation over micro-batches and learners).
 
 from __future__ import annotations
 
+import atexit
+
 import torch
 
 from distrl import checkpoint
@@ -56,9 +58,19 @@ class Learner:
         """Join the learners' process group (and build a sharded model over it); returns the backend (gloo on CPU,
         NCCL on GPU)."""
         backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device)
+        atexit.register(self.close)  # a graceful exit (SIGTERM in a Ray actor, the end of a process) leaves first
         if self.strategy.sharded:
             self._build()
         return backend
+
+    def close(self) -> None:
+        """Drop the model and optimizer and leave the learners' group, ending its threads while the interpreter runs
+        (`dist.leave_process_group` says why); run at exit once `connect` joined one. The learner is unusable after.
+        `ray.kill` ends the process without it, and without the interpreter's finalization that needs it."""
+        atexit.unregister(self.close)
+        self.__dict__.pop("model", None)  # a sharded model (its FSDP state) holds the group
+        self.__dict__.pop("trainer", None)
+        dist.leave_process_group()
 
     # ------------------------------------------------------------------------------------------------- scoring
     def logprobs(self, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:

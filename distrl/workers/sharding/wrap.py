@@ -30,8 +30,15 @@ def decoder_layer_classes(model: torch.nn.Module) -> tuple[type[torch.nn.Module]
 
 
 def learner_mesh(device: str) -> DeviceMesh:
-    """A 1-D mesh over every rank of the default process group (the learners'), on `device` ("cpu" or "cuda")."""
-    return init_device_mesh(device, (torch.distributed.get_world_size(),))
+    """A 1-D mesh over every rank of the default process group (the learners'), on `device` ("cpu" or "cuda").
+
+    The mesh does not hold the group: DTensor's sharding caches keep every mesh to the end of the process, and a
+    group held there outlives `dist.leave_process_group` with its threads. Outside torch.compile (which distrl does
+    not use) a mesh looks its group up by name in c10d's registry, which `destroy_process_group` empties; only
+    compiled code reads the mesh's own `_pg_registry`."""
+    mesh = init_device_mesh(device, (torch.distributed.get_world_size(),))
+    mesh._pg_registry.clear()
+    return mesh
 
 
 def shard(model: torch.nn.Module, mesh: DeviceMesh, *, compute_dtype: torch.dtype = torch.float32,
