@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import torch
 
 from distrl.agents.chat import ChatRenderer
-from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, Sampled
+from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, Sampled, as_rollouts
 from distrl.agents.host import EnvHost
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.config import EnvConfig, ModelConfig, RolloutConfig
@@ -86,12 +86,7 @@ class HFRolloutWorker:
         n = self.cfg.n_samples_per_prompt
         results = [await runner.run(f"{g}.{j}", p.prompt_ids, p.row(), request_seed(self.seed, g), j)
                    for p, g in zip(prompts, groups, strict=True) for j in range(n)]
-        out = Rollouts.empty()
-        for i, r in enumerate(results):
-            t = r.trajectory
-            out.add(t.prompt_ids, t.response_ids, t.logprobs, t.mask, t.versions, r.text, r.finish_reason,
-                    groups[i // n], r.episode, self.policy_version)
-        return out.validate()
+        return as_rollouts(results, groups, n, self.policy_version)
 
     def load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         state = {name: t.float() for bucket in buckets for name, t in bucket.items()}

@@ -17,7 +17,7 @@ from distrl.agents.chat import ChatRenderer
 from distrl.agents.env import Start, Turn
 from distrl.agents.host import EnvFailed, EnvLost, EnvTimeout
 from distrl.agents.tool_calls import ToolCallParser
-from distrl.types import Episode
+from distrl.types import Episode, Rollouts
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,7 @@ class _Progress:
     def episode(self, template_drift: bool) -> Episode:
         return Episode(turns=self.turns, tool_calls=self.tool_calls, tool_errors=self.tool_errors,
                        parse_errors=self.parse_errors, env_wait_s=self.env_wait_s, engine_s=self.engine_s,
-                       reward=self.reward,
-                       cut=self.cut, drift=self.drift, template_drift=template_drift)
+                       reward=self.reward, cut=self.cut, drift=self.drift, template_drift=template_drift)
 
 
 @dataclass
@@ -132,6 +131,17 @@ class EpisodeResult:
     text: str
     finish_reason: str
     episode: Episode
+
+
+def as_rollouts(results: list[EpisodeResult], groups: list[int], n: int, version: int) -> Rollouts:
+    """`Rollouts` of the episodes of `len(groups)` prompts, `n` each in order (prompt-major); `version` is the
+    engine's now, for samples without a trained token."""
+    out = Rollouts.empty()
+    for i, result in enumerate(results):
+        traj = result.trajectory
+        out.add(list(traj.prompt_ids), traj.response_ids, traj.logprobs, traj.mask, traj.versions, result.text,
+                result.finish_reason, groups[i // n], result.episode, version)
+    return out.validate()
 
 
 class EpisodeRunner:
@@ -146,9 +156,8 @@ class EpisodeRunner:
     async def run(self, episode_id: str, prompt_ids: list[int], row: dict[str, Any], seed: int,
                   sample: int) -> EpisodeResult:
         if self.envs is None:
-            first = await self.sampler.sample(prompt_ids, self._room(Trajectory(prompt_ids)),
-                                              turn_seed(seed, sample, 0))
             traj = Trajectory(prompt_ids)
+            first = await self.sampler.sample(prompt_ids, self._room(traj), turn_seed(seed, sample, 0))
             traj.add_turn(first)
             return EpisodeResult(traj, first.text, first.finish_reason,
                                  Episode(drift=drift(first.prompt_ids, prompt_ids), engine_s=first.engine_s))

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from distrl.agents.chat import ChatRenderer
-from distrl.agents.episode import Budget, EnvClient, EpisodeRunner
+from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, as_rollouts
 from distrl.agents.host import EnvHost
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.config import EnvConfig, ModelConfig, RolloutConfig, SamplingConfig
@@ -80,12 +80,7 @@ async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: lis
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-    out = Rollouts.empty()
-    for i, result in enumerate(results):
-        traj = result.trajectory
-        out.add(list(traj.prompt_ids), traj.response_ids, traj.logprobs, traj.mask, traj.versions, result.text,
-                result.finish_reason, groups[i // n], result.episode, worker.policy_version)
-    return out.validate()
+    return as_rollouts(results, groups, n, worker.policy_version)
 
 
 def sampling_params(s: SamplingConfig, max_tokens: int, seed: int) -> Any:
