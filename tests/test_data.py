@@ -169,7 +169,7 @@ def test_empty_file_is_an_error(tmp_path, tokenizer):
     ('{"prompt": []}', "empty list of chat messages"),
     ('{"prompt": [{"role": "user"}]}', "message 0 must be an object with string 'role' and 'content'"),
     ('{"prompt": [{"role": "user", "content": "a"}, "hi"]}', "message 1 must be an object"),
-    ('{"prompt": [{"role": "tool", "content": "a"}]}', "chat template rejected these messages: unknown chat role"),
+    ('{"prompt": [{"role": "narrator", "content": "a"}]}', "chat template rejected these messages: unknown chat role"),
     ('{"prompt": "hi", "answer": ["a"]}', "answer field 'answer' .* must be a string or a number, got list"),
 ])
 def test_malformed_line_names_file_and_line(tmp_path, tokenizer, bad, message):

@@ -63,8 +63,8 @@ def test_chat_template_renders(tokenizer):
 def test_chat_template_rejects_unknown_roles(tokenizer):
     from jinja2 import TemplateError
 
-    with pytest.raises(TemplateError, match="unknown chat role: tool"):
-        tokenizer.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+    with pytest.raises(TemplateError, match="unknown chat role: narrator"):
+        tokenizer.apply_chat_template([{"role": "narrator", "content": "x"}], tokenize=False)
 
 
 def test_same_seed_gives_identical_files(tmp_path, tiny_model_dir):
