@@ -231,3 +231,12 @@ def test_validate_prints_resolved_config():
                             check=False)
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["run"]["steps"] == 3
+
+
+def test_dr_grpos_divisor_defaults_to_the_most_tokens_a_sample_can_train_on():
+    base = {"model": {"path": "m"}, "data": {"path": "d.jsonl"}, "rollout": {"sampling": {"max_new_tokens": 16}}}
+    assert config.from_dict(base).norm_len == 16  # one turn
+    env = {**base, "env": {"class": "tests.agent_envs:Chatter", "max_turns": 3}}
+    assert config.from_dict(env).norm_len == 48  # three turns of 16
+    assert config.from_dict({**env, "env": {**env["env"], "max_tokens": 40}}).norm_len == 40
+    assert config.from_dict({**env, "loss": {"policy": {"norm_len": 7}}}).norm_len == 7

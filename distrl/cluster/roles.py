@@ -146,7 +146,7 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
     learner = start_group(
         backend, Learner, "learner", c.learner, placements["learner"], run_name=name, env=actor_env("learner", cfg),
         init=lambda i: ((cfg.model, cfg.learner, cfg.loss), dict(
-            temperature=temperature, norm_len=cfg.loss.policy.norm_len or cfg.rollout.sampling.max_new_tokens,
+            temperature=temperature, norm_len=cfg.norm_len,
             mini_batch_size=cfg.mini_batch_size, total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed,
             num_gpus=c.learner.num_gpus)))
     groups.append(learner)

@@ -31,8 +31,9 @@ class PPOConfig(Section):
     """How the per-token terms (policy, KL, entropy) become one scalar: token_mean (DAPO), seq_mean_token_mean
     (GRPO), seq_mean_token_sum, seq_mean_token_sum_norm (Dr. GRPO: per-sequence sums over a constant `norm_len`)."""
     norm_len: int | None = Field(default=None, gt=0)
-    """Constant divisor of seq_mean_token_sum_norm; null means the padded response length
-    (`rollout.sampling.max_new_tokens` in training)."""
+    """Constant divisor of seq_mean_token_sum_norm; null means the most tokens a sample can train on
+    (`rollout.sampling.max_new_tokens`, or with an `env` section `env.max_turns` turns of it, at most
+    `env.max_tokens`)."""
 
 
 class GSPOConfig(Section):

@@ -71,6 +71,19 @@ class Config(Section):
         return self.loss.kl.coef > 0.0
 
     @property
+    def norm_len(self) -> int:
+        """Dr. GRPO's constant divisor (`loss.policy.norm_len`): by default the most tokens a sample can train on,
+        `rollout.sampling.max_new_tokens` for one turn, and with an `env` section `env.max_turns` such turns (at
+        most `env.max_tokens`)."""
+        if self.loss.policy.norm_len is not None:
+            return self.loss.policy.norm_len
+        turn = self.rollout.sampling.max_new_tokens
+        if self.env is None:
+            return turn
+        trained = self.env.max_turns * turn
+        return min(trained, self.env.max_tokens) if self.env.max_tokens is not None else trained
+
+    @property
     def chunks_per_engine(self) -> int:
         """Chunks one engine serves at once (`rollout.chunks_per_engine`, or its default for the job)."""
         return self.rollout.chunks_per_engine or (1 if self.env is None else 4)
