@@ -36,8 +36,8 @@ class HFRolloutWorker:
         self.calls = 0  # generate calls served, for tests of the dispatch
         self.runner: EpisodeRunner | None = None
         if environment is not None:  # multi-turn episodes through distrl's own runner, sampled here
-            e, context = environment, self.model.config.max_position_embeddings
-            budget = Budget(e.max_turns, e.max_tokens or context, context, cfg.sampling.max_new_tokens)
+            e = environment
+            budget = Budget.of(cfg.sampling.max_new_tokens, e, self.model.config.max_position_embeddings)
             parser = None if e.tool_parser is None else ToolCallParser(e.tool_parser, self.tokenizer)
             self.runner = EpisodeRunner(HFSampler(self), ChatRenderer(self.tokenizer), budget,
                                         envs or EnvHost(e.cls, e.kwargs, e.step_timeout_s, e.on_error), parser,

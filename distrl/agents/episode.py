@@ -17,6 +17,7 @@ from distrl.agents.chat import ChatRenderer
 from distrl.agents.env import Start, Turn
 from distrl.agents.host import EnvFailed, EnvLost, EnvTimeout
 from distrl.agents.tool_calls import ToolCallParser
+from distrl.config import EnvConfig
 from distrl.types import Episode, Rollouts
 
 
@@ -60,6 +61,14 @@ class Budget:
     max_tokens: int
     context: int
     max_new_tokens: int
+
+    @staticmethod
+    def of(max_new_tokens: int, env: EnvConfig | None, context: int) -> Budget:
+        """The budget of an engine whose context is `context` tokens: one turn of `max_new_tokens` without an
+        environment; with one, `env.max_turns` such turns within `env.max_tokens` (null: the context)."""
+        if env is None:
+            return Budget(1, max_new_tokens, context, max_new_tokens)
+        return Budget(env.max_turns, env.max_tokens or context, context, max_new_tokens)
 
 
 @dataclass

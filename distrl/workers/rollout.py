@@ -69,7 +69,7 @@ async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: lis
     """`worker.generate`'s episodes, as asyncio tasks on the engine's loop; other calls' episodes share the engine.
     If one episode fails, the call's other episodes are given up (their requests leave the engine)."""
     n = worker.cfg.n_samples_per_prompt
-    runner = worker.runner()
+    runner = worker.runner
     tasks = [asyncio.ensure_future(runner.run(f"{ticket}.{j}", prompt.prompt_ids, prompt.row(),
                                               request_seed(worker.seed, ticket), j))
              for prompt, ticket in zip(prompts, groups, strict=True) for j in range(n)]
@@ -153,27 +153,20 @@ class RolloutWorker:
         weakref.finalize(self, self.engine.stop)  # the engine's thread (which holds the engine) ends with the worker
         self.llm = self.engine.engine
         self.tokenizer = self.llm.get_tokenizer()
-        context = self.llm.llm_engine.model_config.max_model_len
-        self.chat = ChatRenderer(self.tokenizer)
-        self.end_of_turn = self.tokenizer.eos_token_id
-        self.envs: EnvClient | None = None
-        self.max_restarts = 0
-        self.parser: ToolCallParser | None = None
-        if environment is None:
-            self.budget = Budget(1, cfg.sampling.max_new_tokens, context, cfg.sampling.max_new_tokens)
-        else:
-            e = environment
-            self.budget = Budget(e.max_turns, e.max_tokens or context, context, cfg.sampling.max_new_tokens)
-            # The environment actors' client, or (unit tests, scripts) this process's own host.
-            self.envs = envs or EnvHost(e.cls, e.kwargs, e.step_timeout_s, e.on_error)
-            self.max_restarts = max_restarts
-            if e.tool_parser is not None:
-                self.parser = ToolCallParser(e.tool_parser, self.tokenizer)
         served, decode = self.served, functools.partial(self.tokenizer.decode, skip_special_tokens=True)
         self.stepper = self.engine.call(EngineStepper, self.llm.llm_engine,
                                         functools.partial(sampling_params, cfg.sampling), lambda: served.version,
                                         decode)  # vLLM's own default for completion text: special tokens skipped
         self.engine.start(self.stepper.run())
+        budget = Budget.of(cfg.sampling.max_new_tokens, environment, self.llm.llm_engine.model_config.max_model_len)
+        hosts = parser = None
+        if environment is not None:
+            e = environment
+            # The environment actors' client, or (unit tests, scripts) this process's own host.
+            hosts = envs or EnvHost(e.cls, e.kwargs, e.step_timeout_s, e.on_error)
+            parser = None if e.tool_parser is None else ToolCallParser(e.tool_parser, self.tokenizer)
+        self.runner = EpisodeRunner(self.stepper, ChatRenderer(self.tokenizer), budget, hosts, parser,
+                                    self.tokenizer.eos_token_id, max_restarts)
 
     @property
     def policy_version(self) -> int:
@@ -192,11 +185,6 @@ class RolloutWorker:
         self._check_usable()
         # A module function, not a method: Ray runs a class with any coroutine method as an asyncio actor.
         return self.engine.run(run_episodes(self, prompts, groups))
-
-    def runner(self) -> EpisodeRunner:
-        """The episode runner of this worker's configuration over its engine."""
-        return EpisodeRunner(self.stepper, self.chat, self.budget, self.envs, self.parser, self.end_of_turn,
-                             self.max_restarts)
 
     def version(self) -> int:
         """The policy version this engine serves."""
