@@ -213,20 +213,25 @@ def _reward(reward: RewardConfig, problems: list[str]) -> None:
 
 
 def _env(env: EnvConfig, problems: list[str]) -> None:
-    """The environment class resolves, has the protocol's coroutines, and takes `env.kwargs`."""
+    """The environment class (or agent function) resolves, has the protocol's coroutines, and takes
+    `env.kwargs`."""
     import inspect
 
+    from distrl.agents.agent import resolve_agent
     from distrl.agents.env import resolve_env
 
+    field, spec = ("env.agent", env.agent) if env.agent is not None else ("env.class", env.cls)
+    assert spec is not None
     try:
-        cls = resolve_env(env.cls)
+        target = resolve_agent(spec) if env.agent is not None else resolve_env(spec)
     except ValueError as err:
-        problems.append(f"env.class: {err}")
+        problems.append(f"{field}: {err}")
         return
+    leading = (None, None) if env.agent is not None else ()  # an agent's client and row come first
     try:
-        inspect.signature(cls).bind(**env.kwargs)
+        inspect.signature(target).bind(*leading, **env.kwargs)
     except TypeError as err:
-        problems.append(f"env.kwargs: {env.cls} does not take {sorted(env.kwargs)}: {err}")
+        problems.append(f"env.kwargs: {spec} does not take {sorted(env.kwargs)}: {err}")
 
 
 def _run_dir(run: RunConfig, problems: list[str]) -> None:

@@ -67,6 +67,8 @@ class Episode:
     drift            tokens where the trajectory differs from what the engine was given and sampled (must be 0)
     template_drift   whether rendering the episode's messages through the chat template anew would give other
                      token ids than the trajectory (what a text-based assembly would train on instead)
+    segment          which of its episode's sequences this row is (0: the first); an agent's call that does not
+                     continue an earlier one starts another. Later segments carry only the reward.
     """
 
     turns: int = 1
@@ -80,6 +82,7 @@ class Episode:
     restarts: int = 0
     drift: int = 0
     template_drift: bool = False
+    segment: int = 0
 
 
 @dataclass(frozen=True)

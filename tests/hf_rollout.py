@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ from distrl.workers.rollout import request_seed
 class HFRolloutWorker:
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
                  num_gpus: float = 0.0, environment: EnvConfig | None = None, envs: EnvClient | None = None,
-                 max_restarts: int = 0):
+                 max_restarts: int = 0, address: Any = None):
         self.cfg = cfg
         self.model = load_causal_lm(model, "float32").requires_grad_(False)
         self.tokenizer = load_tokenizer(model)
@@ -37,6 +38,8 @@ class HFRolloutWorker:
         self.runner: EpisodeRunner | None = None
         if environment is not None:  # multi-turn episodes through distrl's own runner, sampled here
             e = environment
+            if e.agent is not None:
+                raise ValueError("the HF test worker runs environment classes (env.class), not agent functions")
             budget = Budget.of(cfg.sampling.max_new_tokens, e, self.model.config.max_position_embeddings)
             parser = None if e.tool_parser is None else ToolCallParser(e.tool_parser, self.tokenizer)
             self.runner = EpisodeRunner(HFSampler(self), ChatRenderer(self.tokenizer), budget,

@@ -227,3 +227,30 @@ def test_cli_prints_one_line_per_problem_and_exits_2(tmp_path, command):
         f"  data.path: {bad}:2: not valid JSON (Expecting value, column 12); expected one JSON object per line",
     ]
     assert not (tmp_path / "runs").exists() and not (tmp_path / "tiny").exists()
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"class": "tests.agent_envs:Chatter", "kwargs": {"turns": 2}}, None),
+    ({"agent": "tests.agent_envs:tool_agent", "kwargs": {"turns": 2, "fresh": True}}, None),
+    ({"class": "tests.agent_envs:Missing"}, "env.class: "),
+    ({"class": "tests.agent_envs:Chatter", "kwargs": {"colour": 1}}, "env.kwargs: tests.agent_envs:Chatter does "
+                                                                      "not take ['colour']"),
+    ({"agent": "tests.agent_envs:Chatter"}, "env.agent: agent 'tests.agent_envs:Chatter' must be an 'async def'"),
+    ({"agent": "tests.agent_envs:tool_agent", "kwargs": {"colour": 1}}, "env.kwargs: tests.agent_envs:tool_agent "
+                                                                         "does not take ['colour']"),
+])
+def test_the_environment_or_agent_is_resolved_and_takes_its_kwargs(tiny_model_dir, toy_dataset, tmp_path, env,
+                                                                    expected):
+    cfg = make_cfg(tiny_model_dir, toy_dataset, tmp_path, env=env)
+    if expected is None:
+        check(cfg)
+    else:
+        assert [p for p in problems(cfg) if p.startswith(expected)], problems(cfg)
+
+
+def test_an_env_section_names_an_environment_or_an_agent_not_both():
+    with pytest.raises(ValueError, match=r"give exactly one of env\.class"):
+        config.from_dict({"model": {"path": "m"}, "data": {"path": "d"},
+                          "env": {"class": "tests.agent_envs:Chatter", "agent": "tests.agent_envs:tool_agent"}})
+    with pytest.raises(ValueError, match=r"give exactly one of env\.class"):
+        config.from_dict({"model": {"path": "m"}, "data": {"path": "d"}, "env": {"max_turns": 2}})

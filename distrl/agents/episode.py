@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from distrl.agents.chat import ChatRenderer
 from distrl.agents.env import Start, Turn
-from distrl.agents.host import EnvFailed, EnvLost, EnvTimeout
+from distrl.agents.host import EnvError, EnvFailed, EnvLost, EnvTimeout
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.config import EnvConfig
 from distrl.types import Episode, Rollouts
@@ -45,11 +45,24 @@ class TurnSampler(Protocol):
 
 
 class EnvClient(Protocol):
+    """Where episodes' environments (or agent functions) run: `start`/`step` an environment's episode, or `run` an
+    agent's whole episode against the endpoint at `base_url` (its reward)."""
+
     async def start(self, episode: str, row: dict[str, Any]) -> Start: ...
 
     async def step(self, episode: str, turn: Turn) -> Any: ...  # distrl.agents.env.Step
 
+    async def run(self, episode: str, row: dict[str, Any], base_url: str) -> float: ...
+
     def end(self, episode: str) -> None: ...
+
+
+class AgentEndpoint(Protocol):
+    """The rollout worker's OpenAI-compatible endpoint (`distrl.agents.server.AgentServer`)."""
+
+    def open(self, episode: str, calls: Any) -> str: ...  # calls: distrl.agents.calls.AgentCalls
+
+    def close(self, episode: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -142,39 +155,43 @@ class EpisodeResult:
     episode: Episode
 
 
-def as_rollouts(results: list[EpisodeResult], groups: list[int], n: int, version: int) -> Rollouts:
-    """`Rollouts` of the episodes of `len(groups)` prompts, `n` each in order (prompt-major); `version` is the
-    engine's now, for samples without a trained token."""
+def as_rollouts(episodes: list[list[EpisodeResult]], groups: list[int], n: int, version: int) -> Rollouts:
+    """`Rollouts` of the episodes of `len(groups)` prompts, `n` each in order (prompt-major), each episode one
+    sample per sequence (`Episode.segment`); `version` is the engine's now, for samples without a trained token."""
     out = Rollouts.empty()
-    for i, result in enumerate(results):
-        traj = result.trajectory
-        out.add(list(traj.prompt_ids), traj.response_ids, traj.logprobs, traj.mask, traj.versions, result.text,
-                result.finish_reason, groups[i // n], result.episode, version)
+    for i, sequences in enumerate(episodes):
+        for result in sequences:
+            traj = result.trajectory
+            out.add(list(traj.prompt_ids), traj.response_ids, traj.logprobs, traj.mask, traj.versions, result.text,
+                    result.finish_reason, groups[i // n], result.episode, version)
     return out.validate()
 
 
 class EpisodeRunner:
     """Runs episodes on `sampler`; with `envs`, multi-turn against them (tool calls parsed by `parser`), else one
-    turn each."""
+    turn each; with `endpoint` too, `envs` runs agent functions whose calls `endpoint` serves."""
 
     def __init__(self, sampler: TurnSampler, chat: ChatRenderer, budget: Budget, envs: EnvClient | None = None,
-                 parser: ToolCallParser | None = None, end_of_turn: int | None = None, max_restarts: int = 0):
+                 parser: ToolCallParser | None = None, end_of_turn: int | None = None, max_restarts: int = 0,
+                 endpoint: AgentEndpoint | None = None):
         self.sampler, self.chat, self.budget, self.envs, self.parser = sampler, chat, budget, envs, parser
-        self.end_of_turn, self.max_restarts = end_of_turn, max_restarts
+        self.end_of_turn, self.max_restarts, self.endpoint = end_of_turn, max_restarts, endpoint
 
     async def run(self, episode_id: str, prompt_ids: list[int], row: dict[str, Any], seed: int,
-                  sample: int) -> EpisodeResult:
+                  sample: int) -> list[EpisodeResult]:
+        """The episode's samples: one, or one per sequence of an agent's episode (`Episode.segment`)."""
         if self.envs is None:
             traj = Trajectory(prompt_ids)
             first = await self.sampler.sample(prompt_ids, self._room(traj), turn_seed(seed, sample, 0))
             traj.add_turn(first)
-            return EpisodeResult(traj, first.text, first.finish_reason,
-                                 Episode(drift=drift(first.prompt_ids, prompt_ids), engine_s=first.engine_s))
+            return [EpisodeResult(traj, first.text, first.finish_reason,
+                                  Episode(drift=drift(first.prompt_ids, prompt_ids), engine_s=first.engine_s))]
+        play = self._agent if self.endpoint is not None else self._multi_turn
         for attempt in range(self.max_restarts + 1):
             # A restarted episode gets an id of its own: its host may still hold the lost attempt's environment.
             attempt_id = episode_id if not attempt else f"{episode_id}.r{attempt}"
             try:
-                result = await self._multi_turn(attempt_id, prompt_ids, row, seed, sample)
+                results = await play(attempt_id, prompt_ids, row, seed, sample)
             except EnvLost as err:
                 if attempt == self.max_restarts:
                     raise EnvLost(f"episode {episode_id}: its environment's host died {attempt + 1} times, more "
@@ -182,9 +199,32 @@ class EpisodeRunner:
                 continue
             finally:
                 self.envs.end(attempt_id)
-            result.episode = dataclasses.replace(result.episode, restarts=attempt)
-            return result
+            results[0].episode = dataclasses.replace(results[0].episode, restarts=attempt)
+            return results
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _agent(self, episode_id: str, prompt_ids: list[int], row: dict[str, Any], seed: int,
+                     sample: int) -> list[EpisodeResult]:
+        """An agent function's episode: it runs where `envs` runs it, its calls come back to `endpoint`."""
+        from distrl.agents.calls import AgentCalls
+
+        assert self.envs is not None and self.endpoint is not None
+        calls = AgentCalls(self.sampler, self.chat, self.budget, self.parser, self.end_of_turn, seed, sample)
+        base_url = self.endpoint.open(episode_id, calls)
+        began = time.perf_counter()
+        reward = 0.0
+        try:
+            reward = await self.envs.run(episode_id, row, base_url)
+        except EnvTimeout:
+            calls.cut = calls.cut or "env_timeout"
+        except EnvError:
+            if calls.cut is None:  # an agent that fails on a call refused for its budget was cut, not broken
+                raise
+        except EnvFailed:
+            calls.cut = calls.cut or "env_error"
+        finally:
+            self.endpoint.close(episode_id)
+        return calls.results(reward, prompt_ids, time.perf_counter() - began)
 
     def _room(self, traj: Trajectory) -> int:
         b = self.budget
@@ -199,7 +239,7 @@ class EpisodeRunner:
         return None
 
     async def _multi_turn(self, episode_id: str, prompt_ids: list[int], row: dict[str, Any], seed: int,
-                          sample: int) -> EpisodeResult:
+                          sample: int) -> list[EpisodeResult]:
         assert self.envs is not None
         progress = _Progress()
         began = time.perf_counter()
@@ -207,7 +247,7 @@ class EpisodeRunner:
             start = await self.envs.start(episode_id, row)
         except (EnvTimeout, EnvFailed) as err:
             progress.env_wait_s = time.perf_counter() - began
-            return self._failed_start(prompt_ids, progress, err)
+            return [self._failed_start(prompt_ids, progress, err)]
         progress.env_wait_s += time.perf_counter() - began
         messages = list(start.messages) if start.messages is not None else []
         if start.messages is not None:
@@ -221,7 +261,7 @@ class EpisodeRunner:
         else:
             progress.cut = "max_turns"
         template_drift = start.messages is not None and self.chat.template_drift(messages, start.tools, traj.ids)
-        return EpisodeResult(traj, "".join(progress.texts), progress.finish, progress.episode(template_drift))
+        return [EpisodeResult(traj, "".join(progress.texts), progress.finish, progress.episode(template_drift))]
 
     async def _turn(self, episode_id: str, traj: Trajectory, messages: list[dict], tools: list[dict],
                     progress: _Progress, seed: int, index: int) -> bool:

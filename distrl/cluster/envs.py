@@ -14,7 +14,7 @@ import zlib
 from typing import Any
 
 from distrl.agents.env import Start, Step, Turn
-from distrl.agents.host import EnvHost, EnvLost
+from distrl.agents.host import EnvLost
 from distrl.cluster.group import ActorGroup, RayGroup
 
 EPISODES_PER_ACTOR = 4096
@@ -37,15 +37,18 @@ class RayEnvClient:
     async def step(self, episode: str, turn: Turn) -> Step:
         return await self._call(episode, "step", turn)
 
+    async def run(self, episode: str, row: dict[str, Any], base_url: str) -> float:
+        return await self._call(episode, "run", row, base_url)
+
     def end(self, episode: str) -> None:
         self.actors[_actor_of(episode, len(self.actors))].end.remote(episode)  # nothing to wait for
 
-    async def _call(self, episode: str, method: str, arg: Any) -> Any:
+    async def _call(self, episode: str, method: str, *args: Any) -> Any:
         from ray.exceptions import RayActorError, RayTaskError
 
         index = _actor_of(episode, len(self.actors))
         try:
-            return await getattr(self.actors[index], method).remote(episode, arg)
+            return await getattr(self.actors[index], method).remote(episode, *args)
         except RayActorError as err:
             raise EnvLost(f"environment actor env-{index} died during {method} of episode {episode}: {err}") from err
         except RayTaskError as err:
@@ -53,9 +56,9 @@ class RayEnvClient:
 
 
 class LocalEnvClient:
-    """The same over `EnvHost`s in this process (`cluster.backend: local`)."""
+    """The same over `EnvHost`s (or `AgentHost`s) in this process (`cluster.backend: local`)."""
 
-    def __init__(self, hosts: list[EnvHost]):
+    def __init__(self, hosts: list[Any]):
         self.hosts = hosts
 
     async def start(self, episode: str, row: dict[str, Any]) -> Start:
@@ -64,10 +67,21 @@ class LocalEnvClient:
     async def step(self, episode: str, turn: Turn) -> Step:
         return await self.hosts[_actor_of(episode, len(self.hosts))].step(episode, turn)
 
+    async def run(self, episode: str, row: dict[str, Any], base_url: str) -> float:
+        return await self.hosts[_actor_of(episode, len(self.hosts))].run(episode, row, base_url)
+
     def end(self, episode: str) -> None:
         self.hosts[_actor_of(episode, len(self.hosts))].end(episode)
 
 
-def env_client(group: ActorGroup[EnvHost]) -> RayEnvClient | LocalEnvClient:
-    """The client of environment group `group` (a `RayGroup` or a `LocalGroup` of `EnvHost`s)."""
+def env_client(group: ActorGroup) -> RayEnvClient | LocalEnvClient:
+    """The client of environment group `group` (a `RayGroup` or a `LocalGroup` of `EnvHost`s or `AgentHost`s)."""
     return RayEnvClient(list(group.workers)) if isinstance(group, RayGroup) else LocalEnvClient(list(group.workers))
+
+
+def node_address() -> str:
+    """The address of the node this process runs on, as Ray knows it (127.0.0.1 outside a Ray worker): where a
+    rollout worker serves its agents' endpoint. Handed to the worker as a function, called in its own process."""
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"

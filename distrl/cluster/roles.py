@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from distrl.agents.host import EnvHost
+from distrl.agents.agent import host_of
 from distrl.cluster.backend import Backend
-from distrl.cluster.envs import EPISODES_PER_ACTOR, env_client
+from distrl.cluster.envs import EPISODES_PER_ACTOR, env_client, node_address
 from distrl.cluster.group import ActorGroup, RayGroup, start_group
 from distrl.cluster.placement import place, release
 from distrl.cluster.weight_sync import WeightSync, make_weight_sync
@@ -127,9 +127,9 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
     envs = None
     if cfg.env is not None:
         e = cfg.env
-        env_group = start_group(backend, EnvHost, "env", c.env, placements["env"], run_name=name,
-                                env=actor_env("env", cfg), init=lambda i: ((e.cls, e.kwargs, e.step_timeout_s,
-                                                                            e.on_error), {}),
+        host, args = host_of(e)
+        env_group = start_group(backend, host, "env", c.env, placements["env"], run_name=name,
+                                env=actor_env("env", cfg), init=lambda i: (args, {}),
                                 concurrency=EPISODES_PER_ACTOR, self_restarts=c.recovery.max_restarts)
         groups.append(env_group)
         envs = env_client(env_group)
@@ -139,7 +139,8 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
         init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.data.max_prompt_tokens,
                                                        seed=sampling_seed(cfg), num_gpus=c.rollout.num_gpus,
                                                        environment=cfg.env, envs=envs,
-                                                       max_restarts=c.recovery.max_restarts)),
+                                                       max_restarts=c.recovery.max_restarts,
+                                                       address=node_address)),
         # Serving several chunks, an engine also takes weight pushes and checks while they run (between steps).
         concurrency=1 if cfg.chunks_per_engine == 1 else cfg.chunks_per_engine + 2)
     groups.append(rollout)

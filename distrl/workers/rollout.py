@@ -16,15 +16,16 @@ import hashlib
 import logging
 import os
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from distrl.agents.agent import host_of
 from distrl.agents.chat import ChatRenderer
 from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, as_rollouts
-from distrl.agents.host import EnvHost
+from distrl.agents.server import AgentServer
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.config import EnvConfig, ModelConfig, RolloutConfig, SamplingConfig
 from distrl.types import Prompt, Rollouts
@@ -112,11 +113,15 @@ def request_seed(seed: int, ticket: int) -> int:
 
 
 class RolloutWorker:
-    """Generates `n` responses per prompt; `load_weights` swaps the weights in place and bumps `policy_version`."""
+    """Generates `n` responses per prompt; `load_weights` swaps the weights in place and bumps `policy_version`.
+
+    With an agent function (`env.agent`) the worker also serves its OpenAI-compatible endpoint
+    (`distrl.agents.server`) on the address `address()` gives, in this process (the node's address in a cluster).
+    """
 
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
                  num_gpus: float = 0.0, environment: EnvConfig | None = None, envs: EnvClient | None = None,
-                 max_restarts: int = 0):
+                 max_restarts: int = 0, address: Callable[[], str] = lambda: "127.0.0.1"):
         for key, value in ENGINE_ENV.items():
             os.environ.setdefault(key, value)
         from vllm import LLM
@@ -160,13 +165,18 @@ class RolloutWorker:
         self.engine.start(self.stepper.run())
         budget = Budget.of(cfg.sampling.max_new_tokens, environment, self.llm.llm_engine.model_config.max_model_len)
         hosts = parser = None
+        self.endpoint: AgentServer | None = None
         if environment is not None:
             e = environment
             # The environment actors' client, or (unit tests, scripts) this process's own host.
-            hosts = envs or EnvHost(e.cls, e.kwargs, e.step_timeout_s, e.on_error)
+            cls, args = host_of(e)
+            hosts = envs or cast(EnvClient, cls(*args))  # the mode decides which of its methods are called
             parser = None if e.tool_parser is None else ToolCallParser(e.tool_parser, self.tokenizer)
+            if e.agent is not None:
+                self.endpoint = AgentServer()
+                self.engine.run(self.endpoint.start(address()))
         self.runner = EpisodeRunner(self.stepper, ChatRenderer(self.tokenizer), budget, hosts, parser,
-                                    self.tokenizer.eos_token_id, max_restarts)
+                                    self.tokenizer.eos_token_id, max_restarts, self.endpoint)
 
     @property
     def policy_version(self) -> int:

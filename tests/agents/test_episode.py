@@ -81,7 +81,8 @@ BUDGET = Budget(max_turns=8, max_tokens=100, context=200, max_new_tokens=10)
 
 def run(sampler, envs, budget=BUDGET):
     runner = EpisodeRunner(sampler, FixedChat(), budget, envs, end_of_turn=EOS)
-    return asyncio.run(runner.run("7.1", [1, 2], {"q": "?"}, seed=1000, sample=1))
+    [result] = asyncio.run(runner.run("7.1", [1, 2], {"q": "?"}, seed=1000, sample=1))
+    return result
 
 
 def host(**kwargs):
@@ -259,7 +260,7 @@ def test_an_episode_whose_environment_host_died_runs_again_from_its_first_turn()
     sampler = Script([[10]] * 4)
     client = Losing(host(turns=2), lost=1)
     runner = EpisodeRunner(sampler, FixedChat(), BUDGET, client, end_of_turn=EOS, max_restarts=1)
-    result = asyncio.run(runner.run("7.1", [1, 2], {"q": "?"}, seed=1000, sample=1))
+    [result] = asyncio.run(runner.run("7.1", [1, 2], {"q": "?"}, seed=1000, sample=1))
     assert (result.episode.restarts, result.episode.turns, result.episode.reward) == (1, 2, 1.25)
     assert result.trajectory.response_ids[:2] == [10, EOS] and result.trajectory.mask.count(0) == 1
     assert sampler.seeds == [1001, 1001, 1001 + (1 << 32)]  # the restart samples with the same seeds again

@@ -1,0 +1,89 @@
+"""`AgentServer`: the OpenAI-compatible endpoint a rollout worker serves to agents it did not write.
+
+Each episode gets a base URL of its own, `http://HOST:PORT/episodes/<episode>/v1`: an agent hands it to the OpenAI
+client (or LangGraph's, or any framework's `base_url`), and every chat completion it asks for there is served by
+that episode's `AgentCalls` on the worker's engine, batched with every other episode's turns. Served routes:
+`POST .../chat/completions` and `GET .../models`. The server runs on the engine's event loop (aiohttp), so a call
+costs no thread; it listens on the worker's node address only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from distrl.agents.calls import AgentCalls, CallRefused
+
+MODEL_NAME = "distrl-policy"
+"""The model name `GET /models` lists (any name is accepted in a call: the episode's URL decides what serves it)."""
+
+
+def _error(status: int, message: str, code: str | None = None) -> Any:
+    from aiohttp import web
+
+    return web.json_response({"error": {"message": message, "type": "invalid_request_error", "code": code}},
+                             status=status)
+
+
+class AgentServer:
+    """Serves the calls of the episodes `open` registered; started on the running loop by `start`."""
+
+    def __init__(self) -> None:
+        self.episodes: dict[str, AgentCalls] = {}
+        self.url = ""
+        self._runner: Any = None
+
+    async def start(self, host: str) -> str:
+        """Listen on a free port of `host`; returns the server's URL."""
+        from aiohttp import web
+
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_post("/episodes/{episode}/v1/chat/completions", self._chat)
+        app.router.add_get("/episodes/{episode}/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def open(self, episode: str, calls: AgentCalls) -> str:
+        """Serve episode `episode`'s calls with `calls`; returns its base URL."""
+        if not self.url:
+            raise RuntimeError("AgentServer.open before start")
+        self.episodes[episode] = calls
+        return f"{self.url}/episodes/{episode}/v1"
+
+    def close(self, episode: str) -> None:
+        calls = self.episodes.pop(episode, None)
+        if calls is not None:
+            calls.closed = True
+
+    async def _chat(self, request: Any) -> Any:
+        from aiohttp import web
+
+        calls = self.episodes.get(request.match_info["episode"])
+        if calls is None:
+            return _error(404, f"no episode {request.match_info['episode']!r} is running on this engine")
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as err:
+            return _error(400, f"the request body is not JSON: {err}")
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object")
+        try:
+            return web.json_response(await calls.complete(body))
+        except CallRefused as err:
+            return _error(err.status, str(err), "distrl_budget" if err.budget else None)
+
+    async def _models(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response({"object": "list", "data": [{"id": MODEL_NAME, "object": "model",
+                                                               "created": 0, "owned_by": "distrl"}]})
