@@ -1,15 +1,17 @@
 """`AgentServer`: the OpenAI-compatible endpoint a rollout worker serves to agents it did not write.
 
-Each episode gets a base URL of its own, `http://HOST:PORT/episodes/<episode>/v1`: an agent hands it to the OpenAI
-client (or LangGraph's, or any framework's `base_url`), and every chat completion it asks for there is served by
-that episode's `AgentCalls` on the worker's engine, batched with every other episode's turns. Served routes:
+Each episode gets a base URL of its own, `http://HOST:PORT/episodes/<episode>.<secret>/v1`: an agent hands it to
+the OpenAI client (or LangGraph's, or any framework's `base_url`), and every chat completion it asks for there is
+served by that episode's `AgentCalls` on the worker's engine, batched with every other episode's turns. Routes:
 `POST .../chat/completions` and `GET .../models`. The server runs on the engine's event loop (aiohttp), so a call
-costs no thread; it listens on the worker's node address only.
+costs no thread; it listens on the worker's node address only, and the random part of each episode's path keeps
+other processes on the cluster's network from sampling into an episode they were not handed.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 from distrl.agents.calls import AgentCalls, CallRefused
@@ -29,7 +31,8 @@ class AgentServer:
     """Serves the calls of the episodes `open` registered; started on the running loop by `start`."""
 
     def __init__(self) -> None:
-        self.episodes: dict[str, AgentCalls] = {}
+        self.episodes: dict[str, AgentCalls] = {}  # by URL path
+        self._paths: dict[str, str] = {}  # episode -> its URL path
         self.url = ""
         self._runner: Any = None
 
@@ -57,11 +60,13 @@ class AgentServer:
         """Serve episode `episode`'s calls with `calls`; returns its base URL."""
         if not self.url:
             raise RuntimeError("AgentServer.open before start")
-        self.episodes[episode] = calls
-        return f"{self.url}/episodes/{episode}/v1"
+        path = f"{episode}.{secrets.token_urlsafe(12)}"
+        self.episodes[path] = calls
+        self._paths[episode] = path
+        return f"{self.url}/episodes/{path}/v1"
 
     def close(self, episode: str) -> None:
-        calls = self.episodes.pop(episode, None)
+        calls = self.episodes.pop(self._paths.pop(episode, ""), None)
         if calls is not None:
             calls.closed = True
 
@@ -70,7 +75,7 @@ class AgentServer:
 
         calls = self.episodes.get(request.match_info["episode"])
         if calls is None:
-            return _error(404, f"no episode {request.match_info['episode']!r} is running on this engine")
+            return _error(404, f"no episode at {request.path} is running on this engine")
         try:
             body = await request.json()
         except json.JSONDecodeError as err:

@@ -181,9 +181,9 @@ def test_the_endpoint_serves_the_openai_client(tokenizer):
                 await client.chat.completions.create(model="anything", messages=messages)
             assert [m.id for m in (await client.models.list()).data] == ["distrl-policy"]
             server.close("4.1")
-            with pytest.raises(openai.NotFoundError, match=r"no episode '4\.1' is running"):
+            with pytest.raises(openai.NotFoundError, match=r"no episode at /episodes/4\.1\.\S+/v1/chat/completions"):
                 await client.chat.completions.create(model="anything", messages=messages)
-            assert url.startswith("http://127.0.0.1:")
+            assert url.startswith("http://127.0.0.1:") and str(client.base_url).startswith(f"{url}/episodes/4.1.")
         finally:
             await server.stop()
 
