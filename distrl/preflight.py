@@ -227,6 +227,13 @@ def _env(env: EnvConfig, problems: list[str]) -> None:
     except ValueError as err:
         problems.append(f"{field}: {err}")
         return
+    if env.tool_parser is not None:
+        from distrl.agents.tool_calls import known_tool_parsers
+
+        known = known_tool_parsers()
+        if known is not None and env.tool_parser not in known:
+            problems.append(f"env.tool_parser: {env.tool_parser!r} is not one of vLLM's tool parsers: "
+                            f"{', '.join(sorted(known))}")
     leading = (None, None) if env.agent is not None else ()  # an agent's client and row come first
     try:
         inspect.signature(target).bind(*leading, **env.kwargs)

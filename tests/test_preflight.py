@@ -238,6 +238,8 @@ def test_cli_prints_one_line_per_problem_and_exits_2(tmp_path, command):
     ({"agent": "tests.agent_envs:Chatter"}, "env.agent: agent 'tests.agent_envs:Chatter' must be an 'async def'"),
     ({"agent": "tests.agent_envs:tool_agent", "kwargs": {"colour": 1}}, "env.kwargs: tests.agent_envs:tool_agent "
                                                                          "does not take ['colour']"),
+    ({"class": "tests.agent_envs:Chatter", "tool_parser": "hermes3"}, "env.tool_parser: 'hermes3' is not one of "
+                                                                      "vLLM's tool parsers: apertus, "),
 ])
 def test_the_environment_or_agent_is_resolved_and_takes_its_kwargs(tiny_model_dir, toy_dataset, tmp_path, env,
                                                                     expected):
@@ -254,3 +256,11 @@ def test_an_env_section_names_an_environment_or_an_agent_not_both():
                           "env": {"class": "tests.agent_envs:Chatter", "agent": "tests.agent_envs:tool_agent"}})
     with pytest.raises(ValueError, match=r"give exactly one of env\.class"):
         config.from_dict({"model": {"path": "m"}, "data": {"path": "d"}, "env": {"max_turns": 2}})
+
+
+def test_the_tool_parsers_read_without_importing_vllm_are_vllms_own():
+    from vllm.tool_parsers import ToolParserManager
+
+    from distrl.agents.tool_calls import known_tool_parsers
+
+    assert known_tool_parsers() == set(ToolParserManager.list_registered())

@@ -9,8 +9,11 @@ tells a malformed call from plain prose.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from distrl.agents.env import ToolCall
@@ -53,6 +56,25 @@ class ToolCallParser:
                 return text, [], f"the arguments of tool call {call.function.name!r} are not a JSON object"
             calls.append(ToolCall(call.function.name, arguments, call.id or f"call_{i}"))
         return info.content or "", calls, None
+
+
+def known_tool_parsers() -> set[str] | None:
+    """The names of vLLM's tool parsers, read from the registry's source without importing vLLM (seconds, which the
+    preflight would spend on every `distrl validate`); None when vLLM is not installed or keeps them elsewhere (the
+    rollout worker still checks the name when it builds the parser)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    source = Path(next(iter(spec.submodule_search_locations))) / "tool_parsers" / "__init__.py"
+    try:
+        tree = ast.parse(source.read_text())
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and any(isinstance(t, ast.Name) and t.id == "_TOOL_PARSERS_TO_REGISTER" for t in node.targets)):
+            return {k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    return None
 
 
 def _excerpt(text: str, limit: int = 120) -> str:
