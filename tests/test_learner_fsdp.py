@@ -29,7 +29,7 @@ def full_weights(learner) -> dict[str, torch.Tensor]:
 def scenario(rank: int, world: int, port: int, model_dir: Path, out: Path, **settings) -> dict:
     learner = make_learner(model_dir, strategy=FSDPStrategy(), **{**SETTINGS, **settings})
     learner.connect("127.0.0.1", port, rank, world)
-    shard = batch().shard(world, 8)[rank]
+    shard = batch().shard(world, 1)[rank]
     losses = []
     for _ in range(UPDATES):
         scored = replace(shard, old_logprobs=learner.logprobs(shard.sequences))
@@ -102,7 +102,7 @@ def critic_scenario(rank: int, world: int, port: int, model_dir: Path, out: Path
 
     critic = make_critic(model_dir, strategy=FSDPStrategy(), micro_batch_size=2)
     critic.connect("127.0.0.1", port, rank, world)
-    shard = critic_batch().shard(world, 8)[rank]
+    shard = critic_batch().shard(world, 1)[rank]
     before = critic.values(shard.sequences)
     losses = [values(critic.update(with_values(critic, shard)))["critic/value_loss"] for _ in range(UPDATES)]
     return {"before": before, "after": critic.values(shard.sequences), "losses": torch.tensor(losses)}
