@@ -108,8 +108,8 @@ def gae_advantages(rewards: torch.Tensor, response_mask: torch.Tensor, values: t
     row of an episode of several sequences (`Episode.segment`) holds the episode's reward, on its own last token, and
     its values and returns end with it (the critic values each sequence's context for the episode's outcome).
     With `algorithm.whitening` the advantages are whitened over the batch's tokens (verl's `masked_whiten`); the
-    returns, the critic's targets, never are. Metrics: advantage mean / std, `critic/explained_variance` of the values for the returns,
-    `critic/returns_mean`, and the KL penalty's.
+    returns, the critic's targets, never are. Metrics: advantage mean / std, `critic/explained_variance` of the
+    values for the returns, `critic/returns_mean`, and the KL penalty's.
     """
     valid = response_mask.bool()
     t = valid.shape[-1]
