@@ -241,3 +241,16 @@ def test_scored_rollouts_split_into_groups_by_ticket():
     assert [g.rollouts.group for g in groups] == [[0, 0], [1, 1], [7, 7], [9, 9]]
     assert [g.rewards for g in groups] == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]]
     assert ScoredRollouts.concat(groups).rewards == [float(i) for i in range(1, 9)]
+
+
+def test_gae_takes_each_sequence_of_an_episode_as_its_own_with_the_episodes_reward_on_its_last_token():
+    r = segmented([0, 1, 0, 0, 0], group=[0, 0, 0, 1, 1])  # episode A = rows 0 (1 token) and 1 (3 tokens)
+    s = pad(r, PAD)
+    values = torch.where(s.response_mask.bool(), 0.25, 0.0)
+    algo = AlgorithmConfig(advantage="gae", gamma=1.0, lam=1.0)
+    adv, ret, _ = gae_advantages(torch.tensor([1.0, 1.0, 0.0, 3.0, 1.0]), s.response_mask, values, None, None, algo,
+                                 KLInLoss())
+    # gamma = lam = 1: A_t = (reward on the sequence's last token) - V_t = 1 - 0.25 on every token of both rows of
+    # A, and the returns are that reward; nothing flows from row 1 back into row 0.
+    assert adv[0].tolist() == [0.75, 0, 0] and adv[1].tolist() == [0.75] * 3
+    assert ret[0].tolist() == [1.0, 0, 0] and ret[1].tolist() == [1.0] * 3
