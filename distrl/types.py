@@ -406,9 +406,8 @@ class TrainBatch:
         if mini_batches <= 0 or n <= 0 or self.batch_size < mini_batches * n:
             raise ValueError(f"TrainBatch.shard: a batch of {self.batch_size} rows does not make {mini_batches} "
                              f"mini-batches of at least one row for each of {n} learners")
-        labelled = replace(self, mini_batch=torch.cat([torch.full((mini.batch_size,), j, dtype=torch.long)
-                                                       for j, mini in enumerate(_split_rows(self, mini_batches))]))
-        parts = [mini.split(n) for mini in _split_rows(labelled, mini_batches)]
+        parts = [replace(mini, mini_batch=torch.full((mini.batch_size,), j, dtype=torch.long)).split(n)
+                 for j, mini in enumerate(_split_rows(self, mini_batches))]
         return [TrainBatch.concat([p[k] for p in parts]) for k in range(n)]
 
     def mini_batches(self, size: int) -> list[TrainBatch]:
