@@ -67,14 +67,32 @@ def kl_penalty(response_mask: torch.Tensor, old_logprobs: torch.Tensor | None, r
 
 def advantages(rewards: torch.Tensor, response_mask: torch.Tensor, old_logprobs: torch.Tensor | None,
                ref_logprobs: torch.Tensor | None, group_size: int, algo: AlgorithmConfig, kl: KLConfig,
-               ) -> tuple[torch.Tensor, dict[str, float]]:
+               episode: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token advantages `[B, T]` from sequence rewards `[B]` (and, for KL in the reward, the old and reference
-    log-probs `[B, T]`) by a group estimator; returns them with advantage / KL-penalty metrics."""
+    log-probs `[B, T]`) by a group estimator; returns them with advantage / KL-penalty metrics.
+
+    `episode` `[B]` long (`Rollouts.episode_index`; None: every row its own episode) says which episode each row
+    belongs to. The estimator sees each episode once: its score is its reward (every row of an episode holds it)
+    minus the KL penalties summed over all its rows, groups are the `group_size` episodes of a prompt, and every row
+    of an episode takes the episode's advantage (spread over its tokens by `token_advantages`)."""
     scores = rewards.to(torch.float32)
     penalty, metrics = kl_penalty(response_mask, old_logprobs, ref_logprobs, kl)
-    if penalty is not None:
+    if episode is not None:
+        rows = torch.bincount(episode)  # an episode's rows are contiguous: its first is the rows before it
+        first = rows.cumsum(0) - rows
+        if not torch.equal(scores, scores[first][episode]):
+            row = int((scores != scores[first][episode]).nonzero()[0])
+            raise ValueError(f"advantages: row {row} has reward {float(scores[row])}, its episode's first row "
+                             f"{int(first[episode[row]])} has {float(scores[first[episode[row]]])}: every row of "
+                             f"an episode must hold the episode's reward")
+        scores = scores[first]
+        if penalty is not None:
+            scores = scores - torch.zeros(len(rows)).index_add(0, episode, penalty.sum(-1))
+    elif penalty is not None:
         scores = scores - penalty.sum(-1)
     seq_adv = group_advantages(scores, group_size, algo.advantage, eps=algo.eps, whiten=algo.whitening)
+    if episode is not None:
+        seq_adv = seq_adv[episode]
     adv = token_advantages(seq_adv, response_mask, gamma=algo.gamma)
     metrics.update(advantage_metrics(adv, response_mask))
     return adv, metrics
@@ -86,10 +104,12 @@ def gae_advantages(rewards: torch.Tensor, response_mask: torch.Tensor, values: t
     """Token advantages and returns `[B, T]` by GAE from sequence rewards `[B]` and the critic's values `[B, T]`.
 
     The token rewards are the sequence's score on its last response token, minus `coef * kl_t` on every token with
-    `loss.kl.target: reward` (verl's `apply_kl_penalty`, Ouyang et al. 2022). With `algorithm.whitening` the
-    advantages are whitened over the batch's tokens (verl's `masked_whiten`); the returns, the critic's targets,
-    never are. Metrics: advantage mean / std, `critic/explained_variance` of the values for the returns,
-    `critic/returns_mean`, and the KL penalty's.
+    `loss.kl.target: reward` (verl's `apply_kl_penalty`, Ouyang et al. 2022). Each row is its own sequence: every
+    row of an episode of several sequences (`Episode.segment`) holds the episode's reward, on its own last token, and
+    its values and returns end with it (the critic values each sequence's context for the episode's outcome).
+    With `algorithm.whitening` the advantages are whitened over the batch's tokens (verl's `masked_whiten`); the
+    returns, the critic's targets, never are. Metrics: advantage mean / std, `critic/explained_variance` of the
+    values for the returns, `critic/returns_mean`, and the KL penalty's.
     """
     valid = response_mask.bool()
     t = valid.shape[-1]

@@ -154,13 +154,15 @@ class RunDir:
         producer; loss names mapped by RENAMES), phase times, throughput and the weight push (None when the push
         is confirmed later, in the asynchronous loop)."""
         rollouts = scored.rollouts
+        episodes = scored.episode_rewards()
         lengths = [len(r) for r in rollouts.response_ids]
         tokens = sum(lengths)
         step_time = time.perf_counter() - self._step_start
         m: dict[str, float | None] = dict.fromkeys(ALWAYS)
         m.update({
             "policy_version": float(max(rollouts.policy_version)),  # the newest weights that sampled this batch
-            "reward/mean": statistics.fmean(scored.rewards), "reward/std": statistics.pstdev(scored.rewards),
+            # Per episode: an episode of several sequences holds its reward on each of them.
+            "reward/mean": statistics.fmean(episodes), "reward/std": statistics.pstdev(episodes),
             "response_length/mean": statistics.fmean(lengths), "response_length/max": float(max(lengths)),
             "response_length/truncated_frac": statistics.fmean(f == "length" for f in rollouts.finish_reasons),
             "data/dropped_prompts": float(data_stats.dropped),

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from itertools import pairwise
+from itertools import accumulate, pairwise
 from typing import Any, TypeVar
 
 import torch
@@ -67,8 +67,11 @@ class Episode:
     drift            tokens where the trajectory differs from what the engine was given and sampled (must be 0)
     template_drift   whether rendering the episode's messages through the chat template anew would give other
                      token ids than the trajectory (what a text-based assembly would train on instead)
-    segment          which of its episode's sequences this row is (0: the first); an agent's call that does not
-                     continue an earlier one starts another. Later segments carry only the reward.
+    segment          which of its episode's sequences this row is (0: the first). An episode whose model calls do
+                     not continue each other (an agent that starts a fresh conversation) is trained as several
+                     sequences: contiguous rows of its group, segments 0, 1, 2, ... The segment-0 row carries the
+                     episode's figures (turns ... template_drift); later segments carry zeros for them; every row
+                     carries the episode's `reward`.
     """
 
     turns: int = 1
@@ -87,7 +90,9 @@ class Episode:
 
 @dataclass(frozen=True)
 class Rollouts:
-    """Samples from rollout actors: `n` responses per prompt, grouped contiguously (prompt-major).
+    """Samples from rollout actors: `n` episodes per prompt, grouped contiguously (prompt-major). An episode is one
+row, or several contiguous rows (its segments, `Episode.segment`) when its model calls do not continue each other,
+so a group has n episodes and at least n rows; "sample" below means a row.
 
     prompt_ids[i]        token ids of sample i's prompt (an episode's first prompt)
     response_ids[i]      token ids after the prompt, len L_i: the sampled tokens, and in a multi-turn episode the
@@ -133,7 +138,21 @@ class Rollouts:
             if trained and min(trained) != self.policy_version[i]:
                 raise ValueError(f"Rollouts sample {i}: policy_version {self.policy_version[i]} is not the oldest "
                                  f"version among its trained tokens ({min(trained)})")
+            segment = self.episodes[i].segment
+            if segment and not (i > 0 and self.group[i - 1] == self.group[i]
+                                and self.episodes[i - 1].segment == segment - 1):
+                raise ValueError(f"Rollouts sample {i}: segment {segment} of an episode does not follow its segment "
+                                 f"{segment - 1} in the same group")
         return self
+
+    def episode_bounds(self) -> list[tuple[int, int]]:
+        """`(start, stop)` rows of each episode, in order: an episode starts at each segment-0 row."""
+        starts = [i for i, e in enumerate(self.episodes) if e.segment == 0]
+        return list(pairwise([*starts, len(self)]))
+
+    def episode_index(self) -> list[int]:
+        """The episode (0, 1, ... in row order) each row belongs to."""
+        return [k for k, (a, b) in enumerate(self.episode_bounds()) for _ in range(a, b)]
 
     @staticmethod
     def empty() -> Rollouts:
@@ -169,7 +188,8 @@ class Rollouts:
 @dataclass(frozen=True)
 class ScoredRollouts:
     """Rollouts and their rewards: `rewards[i]` scores sample i (0.0 where the reward function failed under
-    `reward.on_error: zero`; the producer counts those as they are scored)."""
+    `reward.on_error: zero`; the producer counts those as they are scored). Every row of an episode holds the
+    episode's reward."""
 
     rollouts: Rollouts
     rewards: list[float]
@@ -181,7 +201,15 @@ class ScoredRollouts:
         self.rollouts.validate()
         if len(self.rewards) != len(self.rollouts):
             raise ValueError(f"ScoredRollouts: {len(self.rewards)} rewards for {len(self.rollouts)} samples")
+        for a, b in self.rollouts.episode_bounds():
+            if any(r != self.rewards[a] for r in self.rewards[a:b]):
+                raise ValueError(f"ScoredRollouts: the episode of samples {a}..{b - 1} has rewards "
+                                 f"{self.rewards[a:b]}, not one reward on every row")
         return self
+
+    def episode_rewards(self) -> list[float]:
+        """One reward per episode (its first row's)."""
+        return [self.rewards[a] for a, _ in self.rollouts.episode_bounds()]
 
     def groups(self) -> list[ScoredRollouts]:
         """One part per prompt (its contiguous samples)."""
@@ -309,6 +337,9 @@ class TrainBatch:
     old_values    [B, T] float  the critic's values before the update (GAE; the value loss clips around them), or
                                 None without a critic
     returns       [B, T] float  GAE's returns, the critic's targets (None without a critic)
+    mini_batch    [B] long      which global mini-batch (optimizer step) each row belongs to, 0, 1, ... in row
+                                order; set by `shard`, so that every learner takes the same steps when a batch's rows
+                                do not divide evenly. None: consecutive mini-batches of a fixed size (`mini_batches`)
     """
 
     sequences: Sequences
@@ -317,6 +348,7 @@ class TrainBatch:
     ref_logprobs: torch.Tensor | None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    mini_batch: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -341,6 +373,11 @@ class TrainBatch:
             x = getattr(self, name)
             if x is not None and tuple(x.shape) != expected:
                 raise ValueError(f"TrainBatch.{name} is {tuple(x.shape)}, expected {expected}")
+        if self.mini_batch is not None:
+            if tuple(self.mini_batch.shape) != expected[:1]:
+                raise ValueError(f"TrainBatch.mini_batch is {tuple(self.mini_batch.shape)}, expected {expected[:1]}")
+            if self.mini_batch.numel() and bool((self.mini_batch.diff() < 0).any()):
+                raise ValueError(f"TrainBatch.mini_batch {self.mini_batch.tolist()} is not in row order")
         return self
 
     def to(self, device: torch.device | str) -> TrainBatch:
@@ -358,19 +395,37 @@ class TrainBatch:
         """Consecutive slices of at most `size` rows (micro-batches)."""
         return _chunk_rows(self, size)
 
-    def shard(self, n: int, mini_batch_size: int) -> list[TrainBatch]:
-        """n data-parallel shards, mini-batch by mini-batch: shard k holds the k-th n-th of every consecutive
-        `mini_batch_size` rows, so a learner's j-th chunk of `mini_batch_size // n` rows is its part of the global
-        mini-batch j, and M learners take exactly the optimizer steps one learner would."""
-        if self.batch_size % mini_batch_size or mini_batch_size % n:
-            raise ValueError(f"TrainBatch.shard: a batch of {self.batch_size} does not split into mini-batches of "
-                             f"{mini_batch_size} rows, each into {n} equal shards")
-        parts = [mini.split(n) for mini in self.chunks(mini_batch_size)]
+    def shard(self, n: int, mini_batches: int) -> list[TrainBatch]:
+        """n data-parallel shards of `mini_batches` mini-batches (the config's optimizer steps per pass). The B rows
+        are cut into `mini_batches` contiguous mini-batches whose sizes differ by at most one, each into n
+        contiguous parts likewise; shard k holds the k-th part of every mini-batch, its rows labelled with their
+        mini-batch (`mini_batch`), so every learner takes the same optimizer steps, each on its part of the same
+        global mini-batch, and M learners take exactly the steps one learner would (the loss divides by counts
+        all-reduced over the learners, so unequal parts weigh their rows as one learner would). A batch whose rows
+        divide evenly gives every learner `B / mini_batches / n` rows of each."""
+        if mini_batches <= 0 or n <= 0 or self.batch_size < mini_batches * n:
+            raise ValueError(f"TrainBatch.shard: a batch of {self.batch_size} rows does not make {mini_batches} "
+                             f"mini-batches of at least one row for each of {n} learners")
+        parts = [replace(mini, mini_batch=torch.full((mini.batch_size,), j, dtype=torch.long)).split(n)
+                 for j, mini in enumerate(_split_rows(self, mini_batches))]
         return [TrainBatch.concat([p[k] for p in parts]) for k in range(n)]
+
+    def mini_batches(self, size: int) -> list[TrainBatch]:
+        """This (shard of a) batch's mini-batches, one per optimizer step, in order: the rows of each `mini_batch`
+        label, or consecutive slices of `size` rows when the batch has no labels."""
+        if self.mini_batch is None:
+            return self.chunks(size)
+        counts = torch.bincount(self.mini_batch).tolist()
+        if 0 in counts:
+            raise ValueError(f"TrainBatch.mini_batches: no row of mini-batch {counts.index(0)} "
+                             f"(labels {self.mini_batch.tolist()})")
+        bounds = [0, *accumulate(counts)]
+        return [self.select(slice(a, b)) for a, b in pairwise(bounds)]
 
     @staticmethod
     def concat(parts: list[TrainBatch]) -> TrainBatch:
-        """Stack shards along B; every part has old (reference) log-probs, old values and returns, or none has."""
+        """Stack shards along B; every part has old (reference) log-probs, old values and returns, mini-batch labels,
+        or none has."""
         if not parts:
             raise ValueError("TrainBatch.concat needs at least one part")
 
@@ -389,4 +444,5 @@ class TrainBatch:
             ref_logprobs=stacked("ref_logprobs"),
             old_values=stacked("old_values"),
             returns=stacked("returns"),
+            mini_batch=stacked("mini_batch"),
         )

@@ -8,7 +8,7 @@ import torch
 
 from distrl.batching import advantages, gae_advantages, pad
 from distrl.config import AlgorithmConfig, KLInLoss, KLInReward
-from distrl.types import Rollouts, ScoredRollouts, Sequences, TrainBatch
+from distrl.types import Episode, Rollouts, ScoredRollouts, Sequences, TrainBatch
 from tests.one_turn import one_turn
 
 PAD = 0
@@ -70,6 +70,65 @@ def test_kl_in_reward_is_subtracted_from_the_score_before_the_estimator():
     assert metrics["kl/in_reward"] == pytest.approx(1.0)
 
 
+def segmented(segments: list[int], group: list[int]) -> Rollouts:
+    """Rows of response lengths 1, 3, 2, 1, 2 (every token trained), episodes cut by `segments`."""
+    lengths = [1, 3, 2, 1, 2]
+    r = one_turn(prompt_ids=[[5, 6]] * 5, response_ids=[[11] * k for k in lengths],
+                 rollout_logprobs=[[-0.1] * k for k in lengths], response_texts=["x"] * 5,
+                 finish_reasons=["stop"] * 5, group=group, policy_version=[0] * 5)
+    return dataclasses.replace(r, episodes=[Episode(segment=k) for k in segments]).validate()
+
+
+def test_an_episode_of_several_sequences_is_scored_once_and_every_row_takes_its_advantage():
+    r = segmented([0, 1, 0, 0, 0], group=[0, 0, 0, 1, 1])  # episodes A = rows 0-1, B = 2 | C = 3, D = 4
+    assert r.episode_index() == [0, 0, 1, 2, 3] and r.episode_bounds() == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    s = pad(r, PAD)
+    old = s.rollout_logprobs - 0.5 * s.response_mask
+    ref = s.rollout_logprobs - 1.5 * s.response_mask  # k1 = 1 on every token
+    adv, _ = advantages(torch.tensor([1.0, 1.0, 0.0, 3.0, 1.0]), s.response_mask, old, ref, 2,
+                        AlgorithmConfig(advantage="dr_grpo"), KLInReward(coef=0.1, estimator="k1"),
+                        episode=torch.tensor(r.episode_index()))
+    # Episode scores: A 1 - 0.1 (1 + 3) = 0.6 (both its rows' penalties), B 0 - 0.2 = -0.2, C 3 - 0.1 = 2.9,
+    # D 1 - 0.2 = 0.8. Group means 0.2 and 1.85: A 0.4, B -0.4, C 1.05, D -1.05; each row takes its episode's.
+    assert adv[:, 0].tolist() == pytest.approx([0.4, 0.4, -0.4, 1.05, -1.05], abs=1e-6)
+    assert adv[1].tolist() == pytest.approx([0.4] * 3, abs=1e-6) and adv[2, 2] == 0  # padding
+    # GRPO over episodes (1, 0) and (3, 1): +-0.7071 each, A's two rows alike.
+    adv, _ = advantages(torch.tensor([1.0, 1.0, 0.0, 3.0, 1.0]), s.response_mask, None, None, 2,
+                        AlgorithmConfig(advantage="grpo"), KLInLoss(), episode=torch.tensor(r.episode_index()))
+    a = 0.5 / (2**0.5 / 2 + 1e-6)
+    assert adv[:, 0].tolist() == pytest.approx([a, a, -a, a, -a], abs=1e-5)
+
+
+def test_rows_of_one_episode_must_hold_one_reward():
+    r = segmented([0, 1, 0, 0, 0], group=[0, 0, 0, 1, 1])
+    s = pad(r, PAD)
+    with pytest.raises(ValueError, match=r"row 1 has reward 0\.5, its episode's first row 0 has 1\.0"):
+        advantages(torch.tensor([1.0, 0.5, 0.0, 3.0, 1.0]), s.response_mask, None, None, 2,
+                   AlgorithmConfig(advantage="grpo"), KLInLoss(), episode=torch.tensor(r.episode_index()))
+    with pytest.raises(ValueError, match=r"samples 0\.\.1 has rewards"):
+        ScoredRollouts(r, [1.0, 0.5, 0.0, 3.0, 1.0]).validate()
+    assert ScoredRollouts(r, [1.0, 1.0, 0.0, 3.0, 1.0]).validate().episode_rewards() == [1.0, 0.0, 3.0, 1.0]
+
+
+@pytest.mark.parametrize("segments,group", [([1, 0, 0, 0, 0], [0] * 5), ([0, 2, 0, 0, 0], [0] * 5),
+                                            ([0, 1, 1, 0, 0], [0] * 5), ([0, 0, 1, 0, 0], [0, 0, 1, 1, 1])])
+def test_a_later_segment_follows_its_episode_in_its_group(segments, group):
+    with pytest.raises(ValueError, match="does not follow its segment"):
+        segmented(segments, group)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_pp"])
+def test_one_sequence_per_episode_gives_the_same_bits_as_no_episode_index(estimator):
+    s = pad(rollouts(), PAD)
+    old = s.rollout_logprobs - 0.3 * s.response_mask
+    ref = s.rollout_logprobs - 1.1 * s.response_mask
+    args = (torch.tensor([1.0, 0.25, 2.0, -0.5]), s.response_mask, old, ref, 2,
+            AlgorithmConfig(advantage=estimator), KLInReward(coef=0.07, estimator="k3"))
+    plain, _ = advantages(*args)
+    indexed, _ = advantages(*args, episode=torch.arange(4))
+    assert torch.equal(plain, indexed)
+
+
 def test_kl_in_reward_needs_reference_logprobs():
     s = pad(rollouts(), PAD)
     with pytest.raises(ValueError, match="reference log-probs"):
@@ -114,12 +173,40 @@ def test_gae_whitening_whitens_the_advantages_not_the_returns():
 def test_shard_gives_each_learner_its_part_of_every_mini_batch():
     s = pad(Rollouts.concat([rollouts(), rollouts()]), PAD)  # rows 0..7
     b = train_batch(s, torch.arange(8.0)[:, None].expand(8, s.response_len).clone())  # row index as a tag
-    shards = b.shard(2, mini_batch_size=4)
+    shards = b.shard(2, mini_batches=2)
     # mini-batches [0..3] and [4..7]; learner 0 takes [0, 1] of each, learner 1 takes [2, 3] of each
     assert [sh.advantages[:, 0].tolist() for sh in shards] == [[0, 1, 4, 5], [2, 3, 6, 7]]
     assert [sh.sequences.policy_version.tolist() for sh in shards] == [[3, 3, 3, 3], [2, 2, 2, 2]]
-    with pytest.raises(ValueError, match="mini-batches of 3"):
-        b.shard(2, mini_batch_size=3)
+    # Rows that divide evenly: each learner's mini-batches are its consecutive chunks of 4 / 2 rows, as unlabelled.
+    for sh in shards:
+        assert [m.advantages[:, 0].tolist() for m in sh.mini_batches(2)] == \
+               [m.advantages[:, 0].tolist() for m in sh.chunks(2)]
+    with pytest.raises(ValueError, match="3 mini-batches of at least one row for each of 3 learners"):
+        b.shard(3, mini_batches=3)
+
+
+def test_shard_of_an_uneven_batch_keeps_the_mini_batch_count_and_splits_each_near_equally():
+    s = pad(Rollouts.concat([rollouts(), rollouts(), rollouts()]), PAD)
+    b = train_batch(s, torch.arange(12.0)[:, None].expand(12, s.response_len).clone()).select(slice(0, 9))
+    shards = b.shard(2, mini_batches=2)
+    # 9 rows -> mini-batches [0..3] and [4..8] (bounds round(0), round(4.5) = 4, 9); the first splits 2 + 2,
+    # the second [4, 5] + [6, 7, 8] (bounds 4, round(6.5) = 6, 9).
+    assert [sh.advantages[:, 0].tolist() for sh in shards] == [[0, 1, 4, 5], [2, 3, 6, 7, 8]]
+    assert [sh.mini_batch.tolist() for sh in shards] == [[0, 0, 1, 1], [0, 0, 1, 1, 1]]
+    # Every learner takes 2 optimizer steps, on its part of the same mini-batch, whatever the local size says.
+    assert [[m.advantages[:, 0].tolist() for m in sh.mini_batches(2)] for sh in shards] == \
+           [[[0, 1], [4, 5]], [[2, 3], [6, 7, 8]]]
+    # One learner on the whole batch: the same 2 mini-batches.
+    (whole,) = b.shard(1, mini_batches=2)
+    assert [m.advantages[:, 0].tolist() for m in whole.mini_batches(4)] == [[0, 1, 2, 3], [4, 5, 6, 7, 8]]
+
+
+def test_mini_batch_labels_must_be_in_row_order_and_complete():
+    b = train_batch(pad(rollouts(), PAD))
+    with pytest.raises(ValueError, match="not in row order"):
+        dataclasses.replace(b, mini_batch=torch.tensor([0, 1, 0, 1]))
+    with pytest.raises(ValueError, match="no row of mini-batch 1"):
+        dataclasses.replace(b, mini_batch=torch.tensor([0, 0, 2, 2])).mini_batches(2)
 
 
 def test_split_and_concat_round_trip():
@@ -154,3 +241,16 @@ def test_scored_rollouts_split_into_groups_by_ticket():
     assert [g.rollouts.group for g in groups] == [[0, 0], [1, 1], [7, 7], [9, 9]]
     assert [g.rewards for g in groups] == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]]
     assert ScoredRollouts.concat(groups).rewards == [float(i) for i in range(1, 9)]
+
+
+def test_gae_takes_each_sequence_of_an_episode_as_its_own_with_the_episodes_reward_on_its_last_token():
+    r = segmented([0, 1, 0, 0, 0], group=[0, 0, 0, 1, 1])  # episode A = rows 0 (1 token) and 1 (3 tokens)
+    s = pad(r, PAD)
+    values = torch.where(s.response_mask.bool(), 0.25, 0.0)
+    algo = AlgorithmConfig(advantage="gae", gamma=1.0, lam=1.0)
+    adv, ret, _ = gae_advantages(torch.tensor([1.0, 1.0, 0.0, 3.0, 1.0]), s.response_mask, values, None, None, algo,
+                                 KLInLoss())
+    # gamma = lam = 1: A_t = (reward on the sequence's last token) - V_t = 1 - 0.25 on every token of both rows of
+    # A, and the returns are that reward; nothing flows from row 1 back into row 0.
+    assert adv[0].tolist() == [0.75, 0, 0] and adv[1].tolist() == [0.75] * 3
+    assert ret[0].tolist() == [1.0, 0, 0] and ret[1].tolist() == [1.0] * 3

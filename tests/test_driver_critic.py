@@ -66,3 +66,17 @@ def test_a_resumed_run_continues_with_its_critic(tmp_path, tiny_model_dir):
     # The resumed critic is the uninterrupted one (weights and Adam state): the same values and the same update.
     for key in ("critic/explained_variance", "critic/returns_mean", "critic/value_loss", "critic/grad_norm"):
         assert abs(resumed[0][key] - whole[-1][key]) < 1e-4, (key, resumed[0][key], whole[-1][key])
+
+
+def test_episodes_of_several_sequences_train_the_critic_with_its_configured_steps(tmp_path, tiny_model_dir):
+    """Batches of more than 16 rows (half the episodes are two sequences, each with the episode's reward on its
+    last token): the critic still takes 2 epochs x 16 / 8 mini-batches a step, and its figures are finite."""
+    from tests.segmented_rollout import SegmentedRolloutWorker
+
+    SegmentedRolloutWorker.episodes_split = 0
+    history = train(gae_config(tmp_path, tiny_model_dir, *SMALL, "run.steps=2"),
+                    rollout_worker=SegmentedRolloutWorker)
+    assert SegmentedRolloutWorker.episodes_split > 0
+    assert [h["critic/optimizer_steps"] for h in history] == [4, 8]
+    assert [h["learner/optimizer_steps"] for h in history] == [1, 2]
+    assert all(math.isfinite(h[k]) for h in history for k in CRITIC_FIGURES)

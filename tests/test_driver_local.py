@@ -265,3 +265,22 @@ def test_a_resumed_run_gives_the_rows_of_the_uninterrupted_one(tmp_path, tiny_mo
     resumed = local_config(tmp_path / "cut", tiny_model_dir, "run.resume=true")
     train(resumed, rollout_worker=HFRolloutWorker)
     assert outcome(rows(resumed)) == outcome(rows(full))
+
+
+@pytest.mark.parametrize("mini_batch,steps", [(8, [2, 4, 6]), (None, [1, 2, 3])])
+def test_episodes_of_several_sequences_train_with_the_configured_optimizer_steps(tmp_path, tiny_model_dir,
+                                                                                 mini_batch, steps):
+    """Half the episodes are trained as two sequences: batches of more than 16 rows, varying from step to step,
+    still make 16 / mini_batch_size optimizer steps each (the schedule's count); with none, the one step takes its
+    old log-probs from its own forward pass."""
+    from tests.segmented_rollout import SegmentedRolloutWorker
+
+    SegmentedRolloutWorker.episodes_split = 0
+    more = [f"learner.mini_batch_size={mini_batch}"] if mini_batch else []
+    cfg = local_config(tmp_path, tiny_model_dir, "learner.micro_batch_size=4", "run.steps=3", *more)
+    assert cfg.old_logprobs_in_update == (mini_batch is None)
+    history = train(cfg, rollout_worker=SegmentedRolloutWorker)
+    assert SegmentedRolloutWorker.episodes_split > 0
+    assert [h["learner/optimizer_steps"] for h in history] == steps
+    assert all(h["learner/skipped_steps"] == 0 and h["learner/tokens"] > 0 for h in history)
+    assert all(0.0 <= h["reward/mean"] <= 1.0 for h in history)

@@ -130,6 +130,20 @@ def test_old_logprobs_are_taken_from_the_update_only_for_one_optimizer_step(tiny
         learner.proximal_logprobs()
 
 
+def test_a_batch_labelled_one_mini_batch_is_one_optimizer_step_whatever_its_rows(tiny_model_dir):
+    """Episodes of several sequences make more rows than the config's mini-batch (8): `TrainBatch.shard` labels
+    them one mini-batch, which is one step, its old log-probs taken from the update; two mini-batches are not."""
+    no_old = replace(batch(), old_logprobs=None)
+    eleven = TrainBatch.concat([no_old, no_old.select(slice(0, 3))])
+    learner = make_learner(tiny_model_dir)
+    (one,) = eleven.shard(1, mini_batches=1)
+    assert update(learner, one)["learner/optimizer_steps"] == 1
+    assert learner.proximal_logprobs().shape == (11, 6)
+    (two,) = eleven.shard(1, mini_batches=2)
+    with pytest.raises(ValueError, match="one optimizer step"):
+        update(learner, two)
+
+
 def test_update_raises_logprobs_of_positive_advantage_samples(tiny_model_dir):
     learner = make_learner(tiny_model_dir, lr=1e-3)
     data = batch()

@@ -14,8 +14,9 @@ from test_learner import batch, make_learner, update
 from test_sharding import _spawn
 
 from distrl import checkpoint
-from distrl.config import FSDPStrategy
+from distrl.config import FSDPStrategy, ReplicateStrategy
 from distrl.merging import values
+from distrl.types import TrainBatch
 
 UPDATES = 2
 SETTINGS = {"lr": 1e-3, "micro_batch_size": 2}
@@ -29,7 +30,7 @@ def full_weights(learner) -> dict[str, torch.Tensor]:
 def scenario(rank: int, world: int, port: int, model_dir: Path, out: Path, **settings) -> dict:
     learner = make_learner(model_dir, strategy=FSDPStrategy(), **{**SETTINGS, **settings})
     learner.connect("127.0.0.1", port, rank, world)
-    shard = batch().shard(world, 8)[rank]
+    shard = batch().shard(world, 1)[rank]
     losses = []
     for _ in range(UPDATES):
         scored = replace(shard, old_logprobs=learner.logprobs(shard.sequences))
@@ -46,6 +47,45 @@ def scenario_budget(rank: int, world: int, port: int, model_dir: Path, out: Path
 
     assert len(micro_batches([8, 8, 10, 10], 2, 16)) == 3 and len(micro_batches([8, 8, 8, 8], 2, 16)) == 2
     return scenario(rank, world, port, model_dir, out, max_tokens_per_micro_batch=16)
+
+
+def uneven_batch():
+    """9 rows (test_learner's 8 and its first again) in 2 mini-batches: rows 0-3 and 4-8 (`TrainBatch.shard`)."""
+    data = batch()
+    return TrainBatch.concat([data, data.select(slice(0, 1))])
+
+
+def scenario_uneven(rank: int, world: int, port: int, model_dir: Path, out: Path, strategy: str) -> dict:
+    """Two learners on a batch whose rows do not divide evenly: learner 0 holds rows [0, 1 | 4, 5], learner 1
+    [2, 3 | 6, 7, 8]; with micro-batches of 2 rows learner 1 needs 2 forward passes for its second part, learner 0
+    one (FSDP keeps them in lockstep)."""
+    learner = make_learner(model_dir, strategy=FSDPStrategy() if strategy == "fsdp" else ReplicateStrategy(),
+                           **SETTINGS)
+    learner.connect("127.0.0.1", port, rank, world)
+    shard = uneven_batch().shard(world, 2)[rank]
+    losses = []
+    for _ in range(UPDATES):
+        scored = replace(shard, old_logprobs=learner.logprobs(shard.sequences))
+        losses.append(values(learner.update(scored))["loss/policy"])
+    return {"losses": torch.tensor(losses), **full_weights(learner)}
+
+
+def scenario_uneven_replicate(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
+    return scenario_uneven(rank, world, port, model_dir, out, "replicate")
+
+
+def scenario_uneven_fsdp(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
+    return scenario_uneven(rank, world, port, model_dir, out, "fsdp")
+
+
+@pytest.mark.parametrize("strategy", ["replicate", "fsdp"])
+def test_two_learners_on_an_uneven_batch_train_as_one_learner_on_all_of_it(tiny_model_dir, tmp_path, strategy):
+    result = _spawn(f"test_learner_fsdp:scenario_uneven_{strategy}", tiny_model_dir, tmp_path)
+    single = make_learner(tiny_model_dir, **SETTINGS)
+    (whole,) = uneven_batch().shard(1, 2)
+    figs = [update(single, replace(whole, old_logprobs=single.logprobs(whole.sequences))) for _ in range(UPDATES)]
+    assert figs[-1]["learner/optimizer_steps"] == 2 * UPDATES  # 2 mini-batches per update (of 4 and 5 rows)
+    assert_same_training(result, [f["loss/policy"] for f in figs], full_weights(single))
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +142,7 @@ def critic_scenario(rank: int, world: int, port: int, model_dir: Path, out: Path
 
     critic = make_critic(model_dir, strategy=FSDPStrategy(), micro_batch_size=2)
     critic.connect("127.0.0.1", port, rank, world)
-    shard = critic_batch().shard(world, 8)[rank]
+    shard = critic_batch().shard(world, 1)[rank]
     before = critic.values(shard.sequences)
     losses = [values(critic.update(with_values(critic, shard)))["critic/value_loss"] for _ in range(UPDATES)]
     return {"before": before, "after": critic.values(shard.sequences), "losses": torch.tensor(losses)}

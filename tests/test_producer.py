@@ -7,9 +7,9 @@ import pytest
 from distrl.cluster.backend import ActorLost, Done, LocalBackend
 from distrl.cluster.group import LocalGroup
 from distrl.cluster.producer import Producer, default_chunk
-from distrl.config import RecoveryConfig, RewardConfig
+from distrl.config import DynamicSamplingConfig, RecoveryConfig, RewardConfig
 from distrl.data import PromptStream
-from distrl.types import Prompt, Rollouts
+from distrl.types import Episode, Prompt, Rollouts
 from tests.one_turn import one_turn
 
 
@@ -171,3 +171,52 @@ def test_an_engine_with_slots_takes_that_many_chunks_and_a_death_frees_them_all(
     assert 1 not in producer.idle and replaced == [1]  # none of its slots is handed out until it serves
     producer._on_replaced(next(iter(producer.replacing)))
     assert producer.idle.count(1) == 3
+
+
+class Summarising:
+    """A rollout worker whose prompts get two episodes each (n = 2): the first trained as two sequences (an agent
+    that starts a fresh conversation; it answers "2" in the second), the second as one, answering `second`.
+    `reward` set: the environment's, on every row of an episode."""
+
+    def __init__(self, second: str, reward: dict[str, float] | None = None):
+        self.second, self.reward = second, reward
+
+    def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
+        out = Rollouts.empty()
+        for p, g in zip(prompts, groups, strict=True):
+            for segment, text, answer in ((0, "9", "2"), (1, "2", "2"), (0, self.second, self.second)):
+                reward = None if self.reward is None else self.reward[answer]
+                episode = Episode(turns=0 if segment else 1, reward=reward, segment=segment)
+                out.add(p.prompt_ids, [3], [-0.5], [1], [0], text, "stop", g, episode, 0)
+        return out.validate()
+
+
+def segmented_producer(worker: Summarising, filtering: bool = False, prompts: int = 2) -> Producer:
+    group: LocalGroup = LocalGroup("rollout", LocalBackend(), lambda i, incarnation: worker, 1)
+    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(8)], seed=0, shuffle=False)
+    return Producer(group, stream, RewardConfig(), prompts_per_step=prompts, max_staleness=0, chunk_prompts=None,
+                    dynamic_sampling=DynamicSamplingConfig(max_rounds=2) if filtering else None,
+                    load_weights=lambda i: Done(0), recovery=RecoveryConfig(), call_timeout_s=60.0)
+
+
+def test_a_reward_function_scores_each_episode_once_on_its_last_sequence_and_every_row_holds_it():
+    batch, stats = segmented_producer(Summarising(second="7")).next_batch(step=1)
+    # Per prompt: episode 0 = rows "9", "2" (scored on "2": 1.0 on both rows), episode 1 = row "7" (0.0).
+    assert batch.rollouts.group == [0, 0, 0, 1, 1, 1]
+    assert batch.rewards == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    assert stats.scored == 4  # episodes, not rows
+
+
+def test_environment_rewards_are_taken_as_they_are_on_every_row():
+    batch, stats = segmented_producer(Summarising(second="7", reward={"2": 0.5, "7": 0.25})).next_batch(step=1)
+    assert batch.rewards == [0.5, 0.5, 0.25] * 2 and stats.scored == 4
+
+
+def test_dynamic_sampling_compares_episodes_not_rows():
+    """Both episodes of every prompt answer "2": a flat group, whatever its three rows; filtered once, then the cap
+    (max_rounds 2: one batch's worth, 1 prompt) lets the next one through."""
+    batch, stats = segmented_producer(Summarising(second="2"), filtering=True, prompts=1).next_batch(step=1)
+    assert stats.filtered_groups == 1 and stats.cap_reached == 1
+    assert batch.rewards == [1.0, 1.0, 1.0] and len(set(batch.rollouts.group)) == 1
+    batch, stats = segmented_producer(Summarising(second="7"), filtering=True, prompts=1).next_batch(step=1)
+    assert stats.filtered_groups == 0 and stats.kept_groups == 1

@@ -5,17 +5,19 @@ sampling seed depends on the run's seed and the prompt's ticket only."""
 import json
 import math
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from distrl import checkpoint, config
+from distrl.agents.figures import episode_metrics
 from distrl.cluster.roles import actor_env, role_threads, sampling_seed
 from distrl.loop.recovery import check_shared_run_dir
 from distrl.preflight import PreflightError
 from distrl.run_dir import RunDir
-from distrl.types import Prompt, ScoredRollouts
+from distrl.types import Episode, Prompt, ScoredRollouts
 from distrl.workers.device import granted_device
 from distrl.workers.rollout import request_seed
 from tests.one_turn import one_turn
@@ -272,3 +274,30 @@ def test_synchronous_roles_take_turns_on_every_core_of_the_embedded_cluster(monk
     assert role_threads("learner", threads_config(address="auto")) == 1  # joined cluster: node sizes unknown
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     assert role_threads("learner", threads_config()) == 1
+
+
+def segmented_batch() -> ScoredRollouts:
+    """One prompt, two episodes: the first trained as three sequences (reward 1.0 on each), the second as one (0.0)."""
+    rollouts = one_turn(prompt_ids=[[1]] * 4, response_ids=[[2, 3], [4], [5], [6, 7, 8]],
+                        rollout_logprobs=[[0.0, 0.0], [0.0], [0.0], [0.0] * 3], response_texts=["a", "b", "c", "d"],
+                        finish_reasons=["stop"] * 4, group=[0] * 4, policy_version=[0] * 4)
+    episodes = [Episode(turns=3, tool_calls=2, env_wait_s=1.0, cut="max_turns", reward=1.0),
+                Episode(turns=0, reward=1.0, segment=1), Episode(turns=0, reward=1.0, segment=2),
+                Episode(turns=1, tool_calls=1, env_wait_s=3.0, reward=0.0)]
+    return ScoredRollouts(replace(rollouts, episodes=episodes), [1.0, 1.0, 1.0, 0.0]).validate()
+
+
+def test_reward_figures_are_means_over_episodes(tmp_path):
+    run = RunDir(cfg(tmp_path))
+    row = run.step_metrics(1, segmented_batch(), {}, None, {}, SimpleNamespace(dropped=0))
+    run.close()
+    # Episodes 1.0 and 0.0 (not rows 1, 1, 1, 0: mean 0.75).
+    assert row["reward/mean"] == 0.5 and row["reward/std"] == 0.5
+
+
+def test_agent_figures_count_each_episode_once():
+    m = episode_metrics(segmented_batch().rollouts)
+    assert m["agent/turns_mean"] == 2.0 and m["agent/turns_max"] == 3.0  # episodes of 3 and 1 turns
+    assert m["agent/tool_calls"] == 3.0 and m["agent/env_wait_s"] == 2.0
+    assert m["agent/cut_frac"] == 0.5 and m["agent/cut/max_turns"] == 1.0
+    assert m["agent/sequences_per_episode"] == 2.0 and m["agent/non_continuations"] == 2.0

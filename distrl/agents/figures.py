@@ -17,10 +17,17 @@ def episode_metrics(rollouts: Rollouts) -> dict[str, float]:
     tokens masked (observations), the episodes started again because their environment's host died, and the two
     drift counters: `agent/retokenization_drift`, tokens where a
     trajectory differs from what the engine was given and sampled (0 unless distrl has a bug), and
-    `agent/template_drift_frac`, episodes that rendering their messages anew would have tokenized otherwise."""
-    episodes = rollouts.episodes
+    `agent/template_drift_frac`, episodes that rendering their messages anew would have tokenized otherwise.
+
+    Figures are per episode: an episode trained as several sequences (`Episode.segment`) counts once, by its
+    segment-0 row, which carries its figures. `agent/sequences_per_episode` is the mean number of sequences an
+    episode was trained as, `agent/non_continuations` the sequences that do not continue the one before them
+    (segment > 0); `agent/masked_frac` counts the tokens of every sequence."""
+    episodes = [e for e in rollouts.episodes if e.segment == 0]
     tokens = sum(len(m) for m in rollouts.loss_mask)
     out = {
+        "agent/sequences_per_episode": len(rollouts.episodes) / len(episodes),
+        "agent/non_continuations": float(len(rollouts.episodes) - len(episodes)),
         "agent/turns_mean": statistics.fmean(e.turns for e in episodes),
         "agent/turns_max": float(max(e.turns for e in episodes)),
         "agent/tool_calls": float(sum(e.tool_calls for e in episodes)),

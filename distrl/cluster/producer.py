@@ -60,8 +60,8 @@ class _Chunk:
 class BatchStats:
     """What producing one batch took: figures for the step's metrics row."""
 
-    dropped_stale: int = 0
-    scored: int = 0  # samples whose rewards came back, kept or not
+    dropped_stale: int = 0  # episodes (of dropped groups)
+    scored: int = 0  # episodes whose rewards came back, kept or not
     reward_errors: int = 0  # of them, those whose reward function failed (scored 0 under on_error: zero)
     last_reward_error: str | None = None
     filtered_groups: int = 0
@@ -182,10 +182,12 @@ class Producer:
             self._on_scored(chunk, [float(e.reward or 0.0) for e in part.episodes], 0, None)
             return
         by_ticket = dict(zip(chunk.tickets, chunk.prompts, strict=True))
-        items = [(by_ticket[g].text, text, by_ticket[g].row())
-                 for g, text in zip(part.group, part.response_texts, strict=True)]
-        # Samples are numbered in the run as ticket x n + j, which is what a reward error names.
-        first = chunk.tickets[0] * (len(part) // len(chunk.tickets))
+        # One reward per episode, on its last sequence's response (an episode of several sequences ends in it).
+        ends = [b - 1 for _, b in part.episode_bounds()]
+        items = [(by_ticket[part.group[i]].text, part.response_texts[i], by_ticket[part.group[i]].row())
+                 for i in ends]
+        # Episodes are numbered in the run as ticket x n + j, which is what a reward error names.
+        first = chunk.tickets[0] * (len(ends) // len(chunk.tickets))
         chunk.scoring = rewards.submit(self.backend, self.reward, items, first_index=first)
         chunk.left = set(chunk.scoring)
         now = time.perf_counter()
@@ -280,8 +282,9 @@ class Producer:
         return {actor for actor, _, _ in self.replacing.values()}
 
     def _on_scored(self, chunk: _Chunk, scores: list[float], errors: int, last: str | None) -> None:
-        """`chunk`'s samples are scored (`errors` of them failed in the reward function, the `last` one so)."""
-        self.stats.scored += len(scores)
+        """`chunk`'s samples are scored, `scores[i]` row i's (`errors` episodes failed in the reward function, the
+        `last` one so)."""
+        self.stats.scored += len(chunk.rollouts.episode_bounds())
         self.stats.reward_errors += errors
         self.stats.last_reward_error = last or self.stats.last_reward_error
         for group in ScoredRollouts(chunk.rollouts, scores).validate().groups():
@@ -291,8 +294,9 @@ class Producer:
                 self.stream.consume(group.rollouts.group[:1])
 
     def _keeps(self, group: ScoredRollouts) -> bool:
-        """Dynamic sampling: a group whose rewards are all equal has no learning signal."""
-        if self.filter is None or max(group.rewards) > min(group.rewards):
+        """Dynamic sampling: a group whose episodes' rewards are all equal has no learning signal."""
+        episodes = group.episode_rewards()
+        if self.filter is None or max(episodes) > min(episodes):
             self.stats.kept_groups += 1
             return True
         if self.stats.filtered_groups >= (self.filter.max_rounds - 1) * self.batch:
@@ -323,7 +327,9 @@ class Producer:
                 chunk = self.scoring.pop(handle)
                 chunk.left.discard(handle)
                 if not chunk.left:
-                    self._on_scored(chunk, *rewards.collect(self.backend, chunk.scoring))
+                    scores, errors, last = rewards.collect(self.backend, chunk.scoring)  # one per episode
+                    episode = chunk.rollouts.episode_index()
+                    self._on_scored(chunk, [scores[k] for k in episode], errors, last)
         return [h for h in done if any(h is a for a in also)]
 
     def wait_for(self, handles: list[Any], what: list[str] | None = None) -> list[Any]:
@@ -366,7 +372,7 @@ class Producer:
         fresh = [g for g in self.ready if step - 1 - min(g.rollouts.policy_version) <= self.k]
         for group in self.ready:
             if step - 1 - min(group.rollouts.policy_version) > self.k:
-                self.stats.dropped_stale += len(group)
+                self.stats.dropped_stale += len(group.rollouts.episode_bounds())
                 self.stream.consume(group.rollouts.group[:1])
         self.ready = fresh
 

@@ -84,12 +84,12 @@ def role_threads(role: str, cfg: Config) -> int:
 
 
 def total_optimizer_steps(cfg: Config) -> int:
-    return cfg.run.steps * cfg.learner.ppo_epochs * (cfg.global_batch_size // cfg.mini_batch_size)
+    return cfg.run.steps * cfg.learner.ppo_epochs * cfg.mini_batches
 
 
 def critic_optimizer_steps(cfg: Config) -> int:
     epochs = cfg.critic.ppo_epochs if cfg.critic is not None else 1
-    return cfg.run.steps * epochs * (cfg.global_batch_size // cfg.critic_mini_batch_size)
+    return cfg.run.steps * epochs * cfg.critic_mini_batches
 
 
 @contextmanager

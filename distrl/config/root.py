@@ -57,6 +57,12 @@ class Config(Section):
         return self.learner.mini_batch_size or self.global_batch_size
 
     @property
+    def mini_batches(self) -> int:
+        """Policy optimizer steps per pass over a step's batch: global_batch_size / mini_batch_size, however many
+        rows the batch has (episodes of several sequences make more than global_batch_size)."""
+        return self.global_batch_size // self.mini_batch_size
+
+    @property
     def old_logprobs_in_update(self) -> bool:
         """Whether the learners take the old log-probs from the update's own forward pass (see
         `algorithm.old_logprobs`): the update is a single optimizer step from the proximal policy, and nothing needs
@@ -163,6 +169,11 @@ class Config(Section):
     def critic_mini_batch_size(self) -> int:
         """Sequences per critic optimizer step (the whole batch when `critic.mini_batch_size` is null)."""
         return (self.critic.mini_batch_size if self.critic else None) or self.global_batch_size
+
+    @property
+    def critic_mini_batches(self) -> int:
+        """Critic optimizer steps per pass over a step's batch: global_batch_size / critic_mini_batch_size."""
+        return self.global_batch_size // self.critic_mini_batch_size
 
     def _critic_problems(self) -> list[str]:
         """GAE and the critic come together; the critic's batch arithmetic is the learner's."""

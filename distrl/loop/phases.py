@@ -115,7 +115,8 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
                                                    ref_logprobs, cfg.algorithm, cfg.loss.kl)
         else:
             adv, metrics = advantages(rewards, sequences.response_mask, old_logprobs, ref_logprobs,
-                                      cfg.rollout.n_samples_per_prompt, cfg.algorithm, cfg.loss.kl)
+                                      cfg.rollout.n_samples_per_prompt, cfg.algorithm, cfg.loss.kl,
+                                      episode=torch.tensor(scored.rollouts.episode_index(), dtype=torch.long))
         metrics.update(staleness_metrics(scored.rollouts.policy_version, step))
         if old_logprobs is not None:
             metrics.update(correction_by_staleness(job, sequences, old_logprobs, step))
@@ -145,13 +146,14 @@ class Updating:
 
 def start_update(job: Job, batch: TrainBatch) -> Updating:
     """One update on every learner, each on its part of every mini-batch; with a critic, its update on the same
-    batch at the same time."""
+    batch at the same time. The config's number of mini-batches holds whatever the batch's row count (episodes of
+    several sequences make it vary): `TrainBatch.shard` cuts the rows into that many near-equal ones."""
     job.learner_clock.start()
-    shards = batch.shard(len(job.roles.learner), job.cfg.mini_batch_size)
+    shards = batch.shard(len(job.roles.learner), job.cfg.mini_batches)
     learner = job.roles.learner.map_shards(Learner.update, shards)
     critic = None
     if job.roles.critic is not None:
-        parts = batch.shard(len(job.roles.critic), job.cfg.critic_mini_batch_size)
+        parts = batch.shard(len(job.roles.critic), job.cfg.critic_mini_batches)
         critic = job.roles.critic.map_shards(Critic.update, parts)
     return Updating(learner, critic)
 

@@ -94,7 +94,7 @@ class Learner:
         `distrl.merging.merge`, weighted by `learner/tokens`."""
         batch = batch.to(self.device)
         if batch.old_logprobs is None and (self.cfg.ppo_epochs > 1
-                                           or batch.batch_size > self.trainer.local_mini_batch_size):
+                                           or len(batch.mini_batches(self.trainer.local_mini_batch_size)) > 1):
             raise ValueError("a batch without old log-probs must be one optimizer step (one mini-batch, one PPO "
                              "epoch): only then are the update's own log-probs, detached, the proximal policy's")
         self._proximal = []

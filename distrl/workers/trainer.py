@@ -76,13 +76,16 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ training
     def update(self, batch: TrainBatch, objective: Objective) -> Figures:
-        """`cfg.ppo_epochs` passes over this learner's shard of the step batch (`TrainBatch.shard`: its j-th chunk of
-        `local_mini_batch_size` rows is its part of global mini-batch j), one optimizer step per mini-batch. Returns
-        the figures merged over steps (`over_steps`), plus this update's `<role>/*` figures."""
+        """`cfg.ppo_epochs` passes over this learner's shard of the step batch, one optimizer step per mini-batch:
+        the rows `TrainBatch.shard` labelled j are its part of global mini-batch j (the parts of one mini-batch may
+        differ by a row between learners when the batch's rows do not divide evenly); an unlabelled batch is cut
+        into chunks of `local_mini_batch_size` rows. Returns the figures merged over steps (`over_steps`), plus
+        this update's `<role>/*` figures."""
         steps: list[Figures] = []
         tokens: list[float] = []
+        minis = batch.mini_batches(self.local_mini_batch_size)
         for _ in range(self.cfg.ppo_epochs):
-            for mini in batch.chunks(self.local_mini_batch_size):
+            for mini in minis:
                 steps.append(self.step(mini, objective))
                 tokens.append(float(mini.response_mask.sum()))
         figs = over_steps(steps, tokens)

@@ -70,7 +70,8 @@ def old_logprobs(roles, sequences: Sequences) -> torch.Tensor:
 
 
 def update(roles, batch: TrainBatch, mini_batch_size: int) -> dict[str, float]:
-    results = ray.get(roles.learner.map_shards(Learner.update, batch.shard(len(roles.learner), mini_batch_size)))
+    shards = batch.shard(len(roles.learner), batch.batch_size // mini_batch_size)
+    results = ray.get(roles.learner.map_shards(Learner.update, shards))
     return merging.values(merging.merge(results, [r["learner/tokens"].value for r in results]))
 
 
