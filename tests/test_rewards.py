@@ -14,6 +14,7 @@ from distrl.config import RewardConfig
 from distrl.tasks.toy import toy_reward
 from distrl.workers.rewards import (
     RewardError,
+    Scores,
     exact_match,
     extract_number,
     numeric_answer,
@@ -140,9 +141,9 @@ def _items(*completions: str) -> list[tuple[str, str, dict]]:
 
 
 def test_score_batch_scores_every_item(plugin):
-    assert score_batch(plugin, _items("a", "true", "b")) == ([0.25, 1.0, 0.25], 0, None)
-    assert score_batch("distrl.workers.rewards:numeric_answer", _items("#### 1", "2")) == ([1.0, 0.0], 0, None)
-    assert score_batch(plugin, []) == ([], 0, None)
+    assert score_batch(plugin, _items("a", "true", "b")) == Scores([0.25, 1.0, 0.25], [{}, {}, {}])
+    assert score_batch("distrl.workers.rewards:numeric_answer", _items("#### 1", "2")) == Scores([1.0, 0.0], [{}, {}])
+    assert score_batch(plugin, []) == Scores()
 
 
 def test_score_batch_raise_names_function_and_sample_and_chains(plugin):
@@ -166,13 +167,15 @@ def test_score_batch_raise_names_function_and_sample_and_chains(plugin):
 def test_score_batch_treats_bad_values_as_errors(plugin, completion, message):
     with pytest.raises(RewardError, match=message):
         score_batch(plugin, _items("ok", completion), on_error="raise")
-    rewards, errors, last = score_batch(plugin, _items("ok", completion), on_error="zero")
+    scores = score_batch(plugin, _items("ok", completion), on_error="zero")
+    rewards, errors, last = scores.rewards, scores.errors, scores.last
+    assert scores.infos[0] == {} and scores.infos[1] == {"error": last}
     assert (rewards, errors) == ([0.25, 0.0], 1) and message in last
 
 
 def test_score_batch_zero_scores_and_counts_failures(plugin):
-    rewards, errors, last = score_batch(plugin, _items("boom", "a", "boom", "nan"), on_error="zero",
-                                        first_index=10)
+    scores = score_batch(plugin, _items("boom", "a", "boom", "nan"), on_error="zero", first_index=10)
+    rewards, errors, last = scores.rewards, scores.errors, scores.last
     assert rewards == [0.0, 0.25, 0.0, 0.0] and errors == 3
     assert all(math.isfinite(r) for r in rewards)
     assert last.startswith(f"reward function {plugin} failed on sample 13") and "non-finite reward nan" in last
@@ -192,3 +195,59 @@ def test_score_batch_configuration_errors_are_not_per_sample(plugin):
         score_batch(plugin, _items("a"), on_error="ignore")
     with pytest.raises(ValueError, match="no_such_fn"):  # a bad spec fails even with on_error="zero"
         score_batch("distrl.workers.rewards:no_such_fn", _items("a"), on_error="zero")
+
+
+# ----------------------------------------------------------------------------------- math-verify (math_answer)
+@pytest.mark.parametrize(("reference", "completion", "reward", "answer", "extraction"), [
+    ("Natalia sold 48/2 = 24 clips. #### 72", "48 + 24 = 72, so #### 72", 1.0, "72", "####"),  # GSM8K both sides
+    ("#### 1,234", "The answer is $1,234$.", 1.0, "1234", "text"),
+    ("\\frac{1}{2}", "So it is \\boxed{0.5}.", 1.0, "1/2", "boxed"),
+    ("\\boxed{\\frac{\\pi}{2}}", "x = \\boxed{\\pi/2}", 1.0, "pi/2", "boxed"),
+    ("\\boxed{3\\sqrt{2}}", "\\boxed{\\sqrt{18}}", 1.0, "sqrt(18)", "boxed"),
+    ("5", "The length is \\boxed{5\\text{ cm}}", 1.0, "5", "boxed"),
+    ("#### -3", "answer: -3", 1.0, "-3", "text"),
+    ("#### 72", "It is 71 clips.", 0.0, "71", "text"),
+])
+def test_math_answer_checks_answers_with_math_verify(reference, completion, reward, answer, extraction):
+    from distrl.workers.rewards import math_answer
+
+    assert math_answer("q", completion, {"answer": reference}) == {"reward": reward, "answer": answer,
+                                                                 "extraction": extraction}
+
+
+@pytest.mark.parametrize(("completion", "error"), [
+    ("I do not know", "no answer found in the completion (no \\boxed{} or ####, no LaTeX or number)"),
+    ("#### ten", "no answer found in the completion after its ####"),
+])
+def test_math_answer_names_the_extraction_that_failed(completion, error):
+    from distrl.workers.rewards import math_answer
+
+    info = math_answer("q", completion, {"answer": "#### 10"})
+    assert info["reward"] == 0.0 and info["answer"] is None and info["error"] == error
+
+
+def test_math_answer_refuses_a_reference_without_an_answer_and_runs_off_the_main_thread():
+    import threading
+
+    from distrl.workers.rewards import math_answer
+
+    with pytest.raises(ValueError, match="holds no answer math-verify can read"):
+        math_answer("q", "1", {"answer": "#### none"})
+    out: list[dict] = []
+    worker = threading.Thread(target=lambda: out.append(math_answer("q", "\\boxed{7}", {"answer": "#### 7"})))
+    worker.start()
+    worker.join()
+    assert out == [{"reward": 1.0, "answer": "7", "extraction": "boxed"}]
+
+
+def test_a_reward_may_return_its_info_beside_the_reward():
+    scores = score_batch("distrl.workers.rewards:math_answer", [("q", "#### 3", {"answer": "3"}),
+                                                              ("q", "no", {"answer": "3"})])
+    assert scores.rewards == [1.0, 0.0] and scores.infos[0] == {"answer": "3", "extraction": "####"}
+    assert scores.infos[1]["error"].startswith("no answer found")
+    with pytest.raises(RewardError, match="returned a mapping without a 'reward' key"):
+        score_batch("tests.test_rewards:_no_reward_key", [("q", "c", {})])
+
+
+def _no_reward_key(prompt, completion, sample):
+    return {"score": 1.0}

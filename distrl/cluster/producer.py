@@ -327,9 +327,9 @@ class Producer:
                 chunk = self.scoring.pop(handle)
                 chunk.left.discard(handle)
                 if not chunk.left:
-                    scores, errors, last = rewards.collect(self.backend, chunk.scoring)  # one per episode
+                    scores = rewards.collect(self.backend, chunk.scoring)  # one per episode
                     episode = chunk.rollouts.episode_index()
-                    self._on_scored(chunk, [scores[k] for k in episode], errors, last)
+                    self._on_scored(chunk, [scores.rewards[k] for k in episode], scores.errors, scores.last)
         return [h for h in done if any(h is a for a in also)]
 
     def wait_for(self, handles: list[Any], what: list[str] | None = None) -> list[Any]:

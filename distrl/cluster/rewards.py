@@ -7,7 +7,7 @@ from typing import Any
 
 from distrl.cluster.backend import Backend
 from distrl.config import RewardConfig
-from distrl.workers.rewards import RewardError, score_batch
+from distrl.workers.rewards import RewardError, Scores, score_batch
 
 Item = tuple[str, str, dict]
 """(prompt text, completion text, dataset row)."""
@@ -21,27 +21,22 @@ def submit(backend: Backend, cfg: RewardConfig, items: list[Item], first_index: 
             for i in range(0, len(items), cfg.batch_per_task)]
 
 
-def collect(backend: Backend, handles: list[Any]) -> tuple[list[float], int, str | None]:
-    """(rewards in submission order, number of samples whose reward function failed and were scored 0, the last
-    failure's message or None).
+def collect(backend: Backend, handles: list[Any]) -> Scores:
+    """The tasks' scores in submission order (rewards, infos, how many samples failed in the reward function and
+    were scored 0, the last failure's message).
 
     Every task is awaited before an error is raised, so no failed task is left unretrieved (Ray would log each
     one again as an unhandled error). A RewardError comes back as itself, with the remote traceback appended
     (Ray does not carry `__cause__` across processes)."""
-    rewards: list[float] = []
-    errors, last = 0, None
+    parts: list[Scores] = []
     failure: Exception | None = None
     for handle in handles:
         try:
-            scores, n_errors, message = backend.get(handle)
+            parts.append(backend.get(handle))
         except Exception as err:  # noqa: BLE001 - kept, and raised once every task is retrieved
             failure = failure or err
-            continue
-        rewards += scores
-        errors += n_errors
-        last = message or last
     if failure is None:
-        return rewards, errors, last
+        return Scores.concat(parts)
     cause = getattr(failure, "cause", failure)  # a Ray task error wraps the exception the task raised
     if isinstance(cause, RewardError) and cause is not failure:
         raise RewardError(f"{cause.args[0]}\n\nremote traceback:\n{failure}") from None

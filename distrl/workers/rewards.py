@@ -1,8 +1,11 @@
 """Reward functions and the one place that calls them.
 
 A reward function is `(prompt: str, completion: str, sample: dict) -> float`, where `sample` is the dataset row
-(the reference answer sits under the data's `answer_key`; the built-ins read `sample["answer"]`). Config names it
-as `package.module:function`; `resolve_reward` imports it and `score_batch` scores a list of samples with it.
+(the reference answer sits under the data's `answer_key`; the built-ins read `sample["answer"]`). It may return a
+mapping instead, `{"reward": float, ...}`, whose other (JSON-serialisable) keys are the sample's info: what answer
+was extracted, what could not be (`math_answer` does so; evaluation writes the info with each sample and takes
+`info["answer"]` for majority votes). Config names it as `package.module:function`; `resolve_reward` imports it
+and `score_batch` scores a list of samples with it.
 This module is plain Python: the Ray task that runs `score_batch` lives in `distrl.cluster.rewards`.
 """
 
@@ -11,16 +14,17 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from distrl.imports import import_spec
 from distrl.tasks.toy import toy_reward as toy
 
-__all__ = ["RewardError", "exact_match", "extract_number", "final_answer", "numeric_answer", "resolve_reward",
-           "score_batch", "toy"]
+__all__ = ["RewardError", "Scores", "exact_match", "extract_number", "final_answer", "math_answer", "numeric_answer",
+           "resolve_reward", "score_batch", "toy"]
 
-RewardFn = Callable[[str, str, dict], float]
+RewardFn = Callable[[str, str, dict], float | Mapping[str, Any]]
 
 NUMERIC_TOLERANCE = 1e-6
 """Relative tolerance of `numeric_answer` (absolute below magnitude 1), so that "3" equals "3.0"."""
@@ -44,22 +48,45 @@ def _shorten(text: str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
-def _as_reward(value: object) -> float:
-    """`value` as a finite float; anything else is the reward function's error."""
+def _as_reward(value: object) -> tuple[float, dict[str, Any]]:
+    """`value` as a finite float and the sample's info (a mapping's keys besides "reward"); anything else is the
+    reward function's error."""
+    info: dict[str, Any] = {}
+    if isinstance(value, Mapping):
+        if "reward" not in value:
+            raise TypeError(f"returned a mapping without a 'reward' key (keys: {sorted(value)})")
+        info = {k: v for k, v in value.items() if k != "reward"}
+        value = value["reward"]
     if not isinstance(value, numbers.Real):
         raise TypeError(f"returned {type(value).__name__} {value!r}, expected a float")
     if not math.isfinite(value):
         raise ValueError(f"returned a non-finite reward {value!r}")
-    return float(value)
+    return float(value), info
+
+
+@dataclass(frozen=True)
+class Scores:
+    """What scoring a list of samples gave: one reward and one info dict per sample, how many failed in the
+    reward function (scored 0 under `on_error: zero`; their info holds the "error"), and the last failure."""
+
+    rewards: list[float] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    errors: int = 0
+    last: str | None = None
+
+    @staticmethod
+    def concat(parts: list[Scores]) -> Scores:
+        last = next((p.last for p in reversed(parts) if p.last), None)
+        return Scores([r for p in parts for r in p.rewards], [i for p in parts for i in p.infos],
+                      sum(p.errors for p in parts), last)
 
 
 def score_batch(spec: str, items: list[tuple[str, str, dict]], on_error: Literal["raise", "zero"] = "raise",
-                first_index: int = 0) -> tuple[list[float], int, str | None]:
+                first_index: int = 0) -> Scores:
     """Score `(prompt, completion, sample)` items with the function `spec` names; errors call item i
     "sample first_index + i" (the driver numbers a run's samples prompt ticket x n + j).
 
-    Returns (one reward per item, number of items whose function failed, the last failure's message or None). A
-    failure is an exception or a non-finite / non-numeric return value: with `on_error="raise"` it raises
+    A failure is an exception or a non-finite / non-numeric return value: with `on_error="raise"` it raises
     `RewardError` naming the function and the sample, chained to the original error; with `"zero"` the item
     scores 0.0 and is counted.
     """
@@ -67,19 +94,22 @@ def score_batch(spec: str, items: list[tuple[str, str, dict]], on_error: Literal
         raise ValueError(f"on_error must be 'raise' or 'zero', got {on_error!r}")
     fn = resolve_reward(spec)
     rewards: list[float] = []
+    infos: list[dict[str, Any]] = []
     errors, last = 0, None
     for i, (prompt, completion, sample) in enumerate(items):
         try:
-            rewards.append(_as_reward(fn(prompt, completion, sample)))
+            reward, info = _as_reward(fn(prompt, completion, sample))
         # A user's reward function may raise anything; `reward.on_error` is the policy that decides what happens.
         except Exception as err:
             message = (f"reward function {spec} failed on sample {first_index + i} (prompt {_shorten(prompt)}, "
                        f"completion {_shorten(completion)}): {type(err).__name__}: {err}")
             if on_error == "raise":
                 raise RewardError(message) from err
-            rewards.append(0.0)
+            reward, info = 0.0, {"error": message}
             errors, last = errors + 1, message
-    return rewards, errors, last
+        rewards.append(reward)
+        infos.append(info)
+    return Scores(rewards, infos, errors, last)
 
 
 # ------------------------------------------------------------------------------------------------ answer parsing
@@ -178,3 +208,14 @@ def numeric_answer(prompt: str, completion: str, sample: dict) -> float:
     if got is None:
         return 0.0
     return float(abs(got - expected) <= NUMERIC_TOLERANCE * max(1.0, abs(expected)))
+
+
+def math_answer(prompt: str, completion: str, sample: dict) -> dict[str, Any]:
+    """1.0 when the completion's answer is mathematically equal to `sample["answer"]`'s, by Hugging Face's
+    `math-verify` (boxed answers, LaTeX, fractions, units, sets; numbers to 6 digits), with GSM8K's `#### N`
+    marker read first on either side, so a GSM8K reference solution works as it is. The info names the answer
+    extracted ("answer", normalised so that equal answers compare equal), how ("extraction": "####", "boxed" or
+    "text") and, when none was found, the "error". A reference with no readable answer is an error."""
+    from distrl.workers.answers import check
+
+    return check(_reference(sample, "math_answer"), completion)
