@@ -14,7 +14,7 @@ from typing import Any
 
 from distrl.agents.env import Start, Step, Turn
 from distrl.agents.tools.base import Tool, ToolResult, resolve_tool
-from distrl.workers.rewards import resolve_reward
+from distrl.workers.rewards import resolve_reward, reward_and_info
 
 
 class ToolEnvironment:
@@ -46,9 +46,10 @@ class ToolEnvironment:
             return Step(messages=[{"role": "tool", "content": turn.parse_error}], tool_errors=1)
         if not turn.tool_calls:
             prompt = self.row[self.prompt_key]
-            reward = await asyncio.to_thread(self.reward, prompt if isinstance(prompt, str) else str(prompt),
+            scored = await asyncio.to_thread(self.reward, prompt if isinstance(prompt, str) else str(prompt),
                                              turn.content, self.row)
-            return Step(reward=float(reward), done=True)
+            reward, _ = reward_and_info(scored)  # the info of a reward that gives one has no place in a Step
+            return Step(reward=reward, done=True)
         results = await asyncio.gather(*(self._call(c.name, c.arguments) for c in turn.tool_calls))
         return Step(messages=[{"role": "tool", "name": c.name, "content": r.content}
                               for c, r in zip(turn.tool_calls, results, strict=True)],

@@ -48,7 +48,7 @@ def _shorten(text: str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
-def _as_reward(value: object) -> tuple[float, dict[str, Any]]:
+def reward_and_info(value: object) -> tuple[float, dict[str, Any]]:
     """`value` as a finite float and the sample's info (a mapping's keys besides "reward"); anything else is the
     reward function's error."""
     info: dict[str, Any] = {}
@@ -98,7 +98,7 @@ def score_batch(spec: str, items: list[tuple[str, str, dict]], on_error: Literal
     errors, last = 0, None
     for i, (prompt, completion, sample) in enumerate(items):
         try:
-            reward, info = _as_reward(fn(prompt, completion, sample))
+            reward, info = reward_and_info(fn(prompt, completion, sample))
         # A user's reward function may raise anything; `reward.on_error` is the policy that decides what happens.
         except Exception as err:
             message = (f"reward function {spec} failed on sample {first_index + i} (prompt {_shorten(prompt)}, "
