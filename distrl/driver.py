@@ -22,6 +22,7 @@ from distrl.cluster.producer import Producer
 from distrl.cluster.roles import started_roles
 from distrl.config import Config
 from distrl.data import PromptStream, load_prompts
+from distrl.evaluator import Evaluator
 from distrl.loop.asynchronous import train_async
 from distrl.loop.phases import Job, save_checkpoint
 from distrl.loop.recovery import (
@@ -70,7 +71,9 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
             tokenizer = load_tokenizer(cfg.model)
             prompts, data_stats = load_prompts(cfg.data, tokenizer)
             stream = PromptStream(prompts, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-        job = Job(cfg, stream, run, tokenizer.pad_token_id, data_stats, last_step=done, checkpointed=done)
+            evaluator = Evaluator(cfg, tokenizer) if cfg.eval is not None else None
+        job = Job(cfg, stream, run, tokenizer.pad_token_id, data_stats, last_step=done, checkpointed=done,
+                  evaluator=evaluator)
         while True:
             began = job.last_step
             try:

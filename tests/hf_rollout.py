@@ -22,7 +22,7 @@ from distrl.config import EnvConfig, ModelConfig, RolloutConfig
 from distrl.types import Episode, Prompt, Rollouts
 from distrl.workers.fingerprint import Fingerprint, check, of_tensors
 from distrl.workers.model import DTYPES, load_causal_lm, load_tokenizer
-from distrl.workers.rollout import request_seed
+from distrl.workers.rollout import eval_sampling, request_seed
 
 
 class HFRolloutWorker:
@@ -48,8 +48,8 @@ class HFRolloutWorker:
 
     @torch.no_grad()
     def _sample(self, prompt_ids: list[int], n: int, seed: int, max_tokens: int | None = None,
-                ) -> tuple[list[list[int]], list[list[float]], list[str]]:
-        s = self.cfg.sampling
+                sampling: Any = None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        s = sampling or self.cfg.sampling
         generator = torch.Generator().manual_seed(seed)
         ids = torch.tensor([prompt_ids] * n)
         alive = torch.ones(n, dtype=torch.bool)
@@ -57,9 +57,13 @@ class HFRolloutWorker:
         logprobs: list[list[float]] = [[] for _ in range(n)]
         reasons = ["length"] * n
         for _ in range(max_tokens or s.max_new_tokens):
-            logits = self.model(input_ids=ids).logits[:, -1].float() / s.temperature
-            logp = torch.log_softmax(logits, -1)
-            next_ids = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            logits = self.model(input_ids=ids).logits[:, -1].float()
+            if s.temperature == 0:  # greedy (an evaluation's)
+                logp = torch.log_softmax(logits, -1)
+                next_ids = logits.argmax(-1)
+            else:
+                logp = torch.log_softmax(logits / s.temperature, -1)
+                next_ids = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             for i in range(n):
                 if alive[i]:
                     tokens[i].append(int(next_ids[i]))
@@ -71,14 +75,18 @@ class HFRolloutWorker:
             ids = torch.cat([ids, next_ids[:, None]], dim=1)
         return tokens, logprobs, reasons
 
-    def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
+    def generate(self, prompts: list[Prompt], groups: list[int], sampling: Any = None) -> Rollouts:
         self.calls += 1
         if self.runner is not None:
+            if sampling is not None:
+                raise ValueError("the HF test worker evaluates one-turn jobs only")
             return asyncio.run(self._episodes(self.runner, prompts, groups))
+        s = eval_sampling(self.cfg.sampling, sampling) if sampling is not None else None
+        n = sampling.n if sampling is not None else self.cfg.n_samples_per_prompt
         out = Rollouts.empty()
         for prompt, group in zip(prompts, groups, strict=True):
-            tokens, logprobs, reasons = self._sample(prompt.prompt_ids, self.cfg.n_samples_per_prompt,
-                                                     request_seed(self.seed, group))
+            tokens, logprobs, reasons = self._sample(prompt.prompt_ids, n, request_seed(self.seed, group),
+                                                     s.max_new_tokens if s else None, s)
             for ids, lps, reason in zip(tokens, logprobs, reasons, strict=True):
                 v = self.policy_version
                 out.add(list(prompt.prompt_ids), ids, lps, [1] * len(ids), [v] * len(ids),

@@ -177,6 +177,12 @@ class EpisodeRunner:
         self.sampler, self.chat, self.budget, self.envs, self.parser = sampler, chat, budget, envs, parser
         self.end_of_turn, self.max_restarts, self.endpoint = end_of_turn, max_restarts, endpoint
 
+    def resampled(self, sampler: TurnSampler, max_new_tokens: int) -> EpisodeRunner:
+        """The same runner sampling its turns with `sampler`, `max_new_tokens` a turn (an evaluation's)."""
+        budget = dataclasses.replace(self.budget, max_new_tokens=max_new_tokens)
+        return EpisodeRunner(sampler, self.chat, budget, self.envs, self.parser, self.end_of_turn, self.max_restarts,
+                             self.endpoint)
+
     async def run(self, episode_id: str, prompt_ids: list[int], row: dict[str, Any], seed: int,
                   sample: int) -> list[EpisodeResult]:
         """The episode's samples: one, or one per sequence of an agent's episode (`Episode.segment`)."""

@@ -14,6 +14,7 @@ from distrl.config.algorithm import AlgorithmConfig
 from distrl.config.cluster import ClusterConfig, RecoveryConfig, RoleResources
 from distrl.config.correction import CorrectionConfig, RatioCorrection, SeqMaskTISCorrection
 from distrl.config.env import EnvConfig
+from distrl.config.eval import EvalConfig, EvalSamplingConfig, EvalSetConfig
 from distrl.config.learner import (
     ConstantSchedule,
     CosineSchedule,
@@ -48,6 +49,9 @@ __all__ = [
     "DataConfig",
     "DynamicSamplingConfig",
     "EnvConfig",
+    "EvalConfig",
+    "EvalSamplingConfig",
+    "EvalSetConfig",
     "FSDPStrategy",
     "GSPOConfig",
     "KLConfig",

@@ -3,12 +3,15 @@ message names every field it involves)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from distrl.config.algorithm import GROUP_ESTIMATORS, AlgorithmConfig
 from distrl.config.base import Section
 from distrl.config.cluster import ClusterConfig
 from distrl.config.env import EnvConfig
+from distrl.config.eval import EvalConfig
 from distrl.config.learner import CriticConfig, LearnerConfig, ReferenceConfig
 from distrl.config.loop import AsyncLoop, Loop, SyncLoop
 from distrl.config.loss import LossConfig
@@ -39,6 +42,8 @@ class Config(Section):
     """Reward function (of one-turn episodes; with an `env` section the environment rewards)."""
     env: EnvConfig | None = None
     """Environment of multi-turn, tool-using episodes; null: one turn per episode, scored by `reward`."""
+    eval: EvalConfig | None = None
+    """Held-out sets evaluated on the rollout engines during training; null: none."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Actor counts, resources and placement."""
     loop: Loop = Field(default_factory=SyncLoop)
@@ -98,6 +103,18 @@ class Config(Section):
     def max_staleness(self) -> int:
         """k of the loop: 0 for the synchronous loop."""
         return self.loop.max_staleness if isinstance(self.loop, AsyncLoop) else 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eval_sets_take_the_data_spec(cls, tree: Any) -> Any:
+        """An eval set's dataset fields that it does not give itself are `data`'s (columns, templates, limits), so
+        a held-out split of the training data needs only its name and path."""
+        if not (isinstance(tree, dict) and isinstance(tree.get("data"), dict) and isinstance(tree.get("eval"), dict)
+                and isinstance(tree["eval"].get("sets"), list)):
+            return tree
+        data = {k: v for k, v in tree["data"].items() if k not in ("path", "shuffle")}
+        sets = [{**data, **s} if isinstance(s, dict) else s for s in tree["eval"]["sets"]]
+        return {**tree, "eval": {**tree["eval"], "sets": sets}}
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:  # noqa: PLR0912 - one flat list of independent checks, each one branch

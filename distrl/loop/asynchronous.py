@@ -28,6 +28,7 @@ from distrl.loop.phases import (
     Updating,
     complete_batch,
     end_step,
+    evaluate,
     finish_update,
     start_old_logprobs,
     start_reference,
@@ -79,5 +80,6 @@ def finish(job: Job, update: InFlight, push: PendingSync | None) -> PendingSync:
             job.producer.lost_in_push(sync.lost)  # replaced before this push, so that it reaches the new engines
         pending = job.roles.sync.start(version=update.step, skip=job.producer.starting())
         job.producer.set_version(update.step)
+    update.metrics.update(evaluate(job, update.step))  # the push lands meanwhile, between two engine steps
     end_step(job, update.step, update.scored, update.produced, update.metrics, sync)
     return pending

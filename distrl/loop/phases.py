@@ -10,6 +10,7 @@ overlaps. `Job` is what they work on. The floor below the loops: this module imp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +19,23 @@ import torch
 from distrl import checkpoint, merging
 from distrl.algo import metrics_by_staleness
 from distrl.batching import advantages, gae_advantages
+from distrl.cluster import rewards
 from distrl.cluster.group import ActorGroup
 from distrl.cluster.producer import BatchStats, Producer, staleness_metrics
 from distrl.cluster.roles import Roles
 from distrl.cluster.weight_sync import SyncStats
 from distrl.config import Config
 from distrl.data import PromptStream
+from distrl.evaluation import write_samples
+from distrl.evaluator import Evaluator
 from distrl.metrics import BusyClock, PhaseTimer
 from distrl.run_dir import RunDir
-from distrl.types import ScoredRollouts, Sequences, TrainBatch
+from distrl.types import Prompt, Rollouts, ScoredRollouts, Sequences, TrainBatch
 from distrl.workers.critic import Critic
 from distrl.workers.learner import Learner
 from distrl.workers.reference import ReferenceWorker
+from distrl.workers.rewards import Scores
+from distrl.workers.rollout import RolloutWorker
 
 
 @dataclass
@@ -53,6 +59,7 @@ class Job:
     checkpointed: int = 0  # the newest step checkpointed in this run
     recoveries: int = 0  # from a checkpoint, in this run
     recovered: int = 0  # of them, those not yet reported in a row
+    evaluator: Evaluator | None = None  # the held-out sets (`eval`)
 
 
 
@@ -175,6 +182,36 @@ def finish_update(job: Job, handles: Updating, batch: TrainBatch, step: int) -> 
                                                  "the learners' proximal log-probs", job.cfg.cluster.call_timeout_s))
         metrics.update(correction_by_staleness(job, batch.sequences, old, step))
     return metrics
+
+
+def evaluate(job: Job, step: int) -> dict[str, float]:
+    """The held-out sets' figures of the weights of `step` when `eval` says it is due (else none); every sample is
+    written to RUN_DIR/eval/<set>/step_<N>.jsonl. The prompts are spread over the rollout actors in contiguous
+    parts, and waited for through the producer: in the asynchronous loop the engines go on with training chunks
+    beside them (an evaluation's episodes join the engines' batches), and a push still landing shows in
+    `eval/<set>/policy_version` (the oldest version that sampled a token). Its time is `time/eval`."""
+    if job.evaluator is None or not job.evaluator.due(step):
+        return {}
+    group, backend, cfg = job.roles.rollout, job.roles.backend, job.cfg
+    assert cfg.eval is not None
+    sampling = cfg.eval.sampling
+
+    def generate(prompts: list[Prompt], tickets: list[int]) -> Rollouts:
+        parts = min(len(group), len(prompts))
+        bounds = [round(i * len(prompts) / parts) for i in range(parts + 1)]
+        handles = [group.call(i, RolloutWorker.generate, prompts[a:b], tickets[a:b], sampling)
+                   for i, (a, b) in enumerate(pairwise(bounds))]
+        return Rollouts.concat(job.producer.wait_for(handles, calls(group, "evaluation", handles)))
+
+    def score(spec: str, items: list[tuple[str, str, dict]]) -> Scores:
+        return rewards.collect(backend, rewards.submit(backend, cfg.reward.model_copy(update={"function": spec}),
+                                                       items))
+
+    with job.timer("eval"):
+        figures, samples = job.evaluator.run(generate, score)
+        for name, part in samples.items():
+            write_samples(job.run.path / "eval" / name / f"step_{step:06d}.jsonl", part)
+    return figures
 
 
 def end_step(job: Job, step: int, scored: ScoredRollouts, produced: BatchStats, metrics: dict[str, float],

@@ -11,6 +11,7 @@ from distrl.loop.phases import (
     Job,
     complete_batch,
     end_step,
+    evaluate,
     finish_update,
     start_old_logprobs,
     start_reference,
@@ -34,4 +35,5 @@ def train_sync(job: Job, steps) -> None:
             sync = roles.sync.push(version=step, skip=job.producer.starting())
             job.producer.lost_in_push(sync.lost)  # before new chunks can go to a dead engine
             job.producer.set_version(step)
+        metrics.update(evaluate(job, step))
         end_step(job, step, scored, produced, metrics, sync)

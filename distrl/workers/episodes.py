@@ -52,7 +52,10 @@ class EngineStepper:
     def version(self) -> int:
         return self._version()
 
-    async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> Sampled:
+    async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int,
+                     make_params: Callable[[int, int], Any] | None = None) -> Sampled:
+        """One turn; `make_params` (max_tokens, seed) -> `SamplingParams` stands in for the worker's own (an
+        evaluation's settings)."""
         from vllm.inputs import TokensPrompt
 
         if self.error is not None:
@@ -60,7 +63,7 @@ class EngineStepper:
         request_id = f"turn-{next(self._ids)}"
         request = _Request(asyncio.get_running_loop().create_future())
         self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)),
-                                self.make_params(max_tokens, seed))
+                                (make_params or self.make_params)(max_tokens, seed))
         self.requests[request_id] = request
         self._wake.set()
         try:
@@ -131,3 +134,18 @@ class EngineStepper:
         """`run` returns once no request is left."""
         self._closing = True
         self._wake.set()
+
+
+class Resampled:
+    """`stepper`'s turns with other sampling settings (`make_params`): an evaluation's episodes share the engine
+    with training's."""
+
+    def __init__(self, stepper: EngineStepper, make_params: Callable[[int, int], Any]):
+        self.stepper, self.make_params = stepper, make_params
+
+    @property
+    def version(self) -> int:
+        return self.stepper.version
+
+    async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> Sampled:
+        return await self.stepper.sample(prompt_ids, max_tokens, seed, self.make_params)

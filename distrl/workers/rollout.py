@@ -27,12 +27,12 @@ from distrl.agents.chat import ChatRenderer
 from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, as_rollouts
 from distrl.agents.server import AgentServer
 from distrl.agents.tool_calls import ToolCallParser
-from distrl.config import EnvConfig, ModelConfig, RolloutConfig, SamplingConfig
+from distrl.config import EnvConfig, EvalSamplingConfig, ModelConfig, RolloutConfig, SamplingConfig
 from distrl.types import Prompt, Rollouts
 from distrl.workers import fingerprint
 from distrl.workers.device import granted_device
 from distrl.workers.engine_loop import EngineLoop
-from distrl.workers.episodes import EngineStepper
+from distrl.workers.episodes import EngineStepper, Resampled
 from distrl.workers.fingerprint import Fingerprint, columns, of_sample, sample
 from distrl.workers.model import resolve_model_path
 
@@ -66,11 +66,11 @@ def _one_by_one(buckets: Iterable[dict[str, torch.Tensor]]) -> Iterator[tuple[st
         del bucket  # else the loop variable keeps this bucket alive while the next one arrives
 
 
-async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: list[int]) -> Rollouts:
-    """`worker.generate`'s episodes, as asyncio tasks on the engine's loop; other calls' episodes share the engine.
-    If one episode fails, the call's other episodes are given up (their requests leave the engine)."""
-    n = worker.cfg.n_samples_per_prompt
-    runner = worker.runner
+async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: list[int], runner: EpisodeRunner,
+                       n: int) -> Rollouts:
+    """`worker.generate`'s episodes (`n` a prompt, by `runner`), as asyncio tasks on the engine's loop; other calls'
+    episodes share the engine. If one episode fails, the call's other episodes are given up (their requests leave
+    the engine)."""
     tasks = [asyncio.ensure_future(runner.run(f"{ticket}.{j}", prompt.prompt_ids, prompt.row(),
                                               request_seed(worker.seed, ticket), j))
              for prompt, ticket in zip(prompts, groups, strict=True) for j in range(n)]
@@ -95,6 +95,12 @@ def sampling_params(s: SamplingConfig, max_tokens: int, seed: int) -> Any:
     return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=max_tokens,
                           stop=s.stop or None, logprobs=0, flat_logprobs=True, detokenize=bool(s.stop), seed=seed,
                           output_kind=RequestOutputKind.DELTA)
+
+
+def eval_sampling(rollout: SamplingConfig, e: EvalSamplingConfig) -> SamplingConfig:
+    """The rollout's sampling settings with an evaluation's temperature (0: greedy), top-p and turn length."""
+    return rollout.model_copy(update={"temperature": e.temperature, "top_p": e.top_p,
+                                      "max_new_tokens": e.max_new_tokens or rollout.max_new_tokens})
 
 
 @dataclass
@@ -182,7 +188,8 @@ class RolloutWorker:
     def policy_version(self) -> int:
         return self.served.version
 
-    def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
+    def generate(self, prompts: list[Prompt], groups: list[int],
+                 sampling: EvalSamplingConfig | None = None) -> Rollouts:
         """Run `n_samples_per_prompt` episodes per prompt; `groups[i]` is prompt i's ticket (group id), from which
         its requests' seeds are derived. Without an environment an episode is one turn (its reward comes from the
         reward function afterwards); with one, turns alternate with the environment's answers
@@ -190,11 +197,17 @@ class RolloutWorker:
         episode that has a turn to take.
 
         Returns samples prompt-major: the G episodes of prompts[0], then of prompts[1], ..., each token stamped with
-        the policy version that sampled it.
+        the policy version that sampled it. With `sampling` (an evaluation's), `sampling.n` episodes a prompt are
+        sampled with its settings instead, beside the training episodes in flight.
         """
         self._check_usable()
+        runner, n = self.runner, self.cfg.n_samples_per_prompt
+        if sampling is not None:
+            s = eval_sampling(self.cfg.sampling, sampling)
+            runner = runner.resampled(Resampled(self.stepper, functools.partial(sampling_params, s)), s.max_new_tokens)
+            n = sampling.n
         # A module function, not a method: Ray runs a class with any coroutine method as an asyncio actor.
-        return self.engine.run(run_episodes(self, prompts, groups))
+        return self.engine.run(run_episodes(self, prompts, groups, runner, n))
 
     def version(self) -> int:
         """The policy version this engine serves."""
