@@ -58,6 +58,7 @@ def check(cfg: Config) -> None:
         _reward(cfg.reward, problems)
     else:
         _env(cfg.env, problems)
+    _eval(cfg, problems)
     _run_dir(cfg.run, problems)
     _resources(cfg, problems)
     if problems:
@@ -201,6 +202,29 @@ def _data(data: DataConfig, tokenizer, problems: list[str]) -> None:
         problems.append(f"data.chat_template: prompts in {data.path} need a chat template (chat messages, or "
                         f"data.chat_template 'always') and the tokenizer has none; use plain-string prompts with "
                         f"data.chat_template 'auto' or 'never'")
+
+
+def _eval(cfg: Config, problems: list[str]) -> None:
+    """Every held-out set reads as `data` does, and its own reward function resolves (an environment job is scored
+    by its environment)."""
+    from distrl.workers.rewards import resolve_reward
+
+    for i, s in enumerate(cfg.eval.sets if cfg.eval is not None else []):
+        field = f"eval.sets[{i}] ({s.name})"
+        try:
+            check_rows(s)
+        except DataError as err:
+            problems.append(f"{field}.path: {err}")
+        if s.reward is None:
+            continue
+        if cfg.env is not None:
+            problems.append(f"{field}.reward: an environment job's episodes are scored by the environment; leave "
+                            f"it out")
+            continue
+        try:
+            resolve_reward(s.reward)
+        except ValueError as err:
+            problems.append(f"{field}.reward: {err}")
 
 
 def _reward(reward: RewardConfig, problems: list[str]) -> None:
