@@ -1,4 +1,4 @@
-"""`distrl train | validate | make-tiny-model`.
+"""`distrl train | validate | eval | make-tiny-model`.
 
 Only argparse, Pydantic and YAML are imported until a command needs more: `distrl --help` and config errors never
 import torch, Ray or vLLM. `distrl validate` then runs the preflight (`distrl.preflight`), which loads the model's
@@ -32,6 +32,13 @@ def _parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="validate a config and what it names (model, data, reward, run "
                                                "directory); print it resolved, or list what is wrong")
     _add_config_args(validate, positional=True)
+    evaluate = sub.add_parser("eval", help="evaluate a checkpoint (or a model) on the config's held-out sets (eval) "
+                                           "without training; write every sample and the figures")
+    _add_config_args(evaluate, positional=False)
+    evaluate.add_argument("--checkpoint", help="a checkpoint directory, RUN_DIR/checkpoints/step_N")
+    evaluate.add_argument("--model", help="a model directory or hub name (default: the config's model.path)")
+    evaluate.add_argument("--output", help="where the samples and figures go (default: CHECKPOINT/eval, or "
+                                           "./eval without a checkpoint)")
     tiny = sub.add_parser("make-tiny-model", help="build a small random Llama + locally trained tokenizer")
     tiny.add_argument("dir", help="output directory")
     tiny.add_argument("--seed", type=int, default=0)
@@ -47,10 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg = config.load(args.config, args.overrides)
-        if args.command == "validate":
-            preflight.check(cfg)
-            print(config.to_yaml(cfg), end="")
-            return 0
+        if args.command in ("validate", "eval"):
+            return _validate(cfg) if args.command == "validate" else _evaluate(cfg, args)
         from distrl.driver import train
         from distrl.stop import Stopped
 
@@ -65,6 +70,30 @@ def main(argv: list[str] | None = None) -> int:
     except (config.ConfigError, preflight.PreflightError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _validate(cfg: config.Config) -> int:
+    preflight.check(cfg)
+    print(config.to_yaml(cfg), end="")
+    return 0
+
+
+def _evaluate(cfg: config.Config, args: argparse.Namespace) -> int:
+    import json
+
+    from distrl.eval_command import EvalError, evaluate, model_to_evaluate
+
+    try:
+        cfg, version = model_to_evaluate(cfg, args.checkpoint, args.model)
+        preflight.check(cfg)
+        output = Path(args.output or (Path(args.checkpoint) / "eval" if args.checkpoint else "eval"))
+        figures = evaluate(cfg, version, output)
+    except EvalError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({"policy_version": version, **figures}, indent=1))
+    print(f"samples and figures written to {output}", file=sys.stderr)
     return 0
 
 
