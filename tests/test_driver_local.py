@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def local_config(tmp_path: Path, model_dir: Path, *overrides: str) -> config.Config:
-    return config.load(ROOT / "configs" / "quickstart.yaml", [
+    """The quickstart on the local backend, small; without its held-out evaluation unless `overrides` set `eval`."""
+    evaluation = [] if any(o.startswith("eval") for o in overrides) else ["eval=null"]
+    return config.load(ROOT / "configs" / "quickstart.yaml", [*evaluation,
         f"model.path={model_dir}", f"run.output_dir={tmp_path}", "run.progress=false", "run.ray_metrics=false",
         "run.tensorboard=false", "cluster.backend=local", "rollout.prompts_per_step=4",
         "rollout.n_samples_per_prompt=4", "rollout.sampling.max_new_tokens=6", "learner.micro_batch_size=16",

@@ -41,7 +41,7 @@ def exported(tmp_path_factory, tiny_model_dir) -> set[str]:
         f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path_factory.mktemp('agent')}", "run.progress=false",
         "run.ray_metrics=false", "run.tensorboard=false", "cluster.backend=local", "rollout.prompts_per_step=2",
         "rollout.n_samples_per_prompt=2", "rollout.sampling.max_new_tokens=4", "learner.micro_batch_size=4",
-        "run.steps=2", "env.class=tests.agent_envs:Chatter", "env.kwargs.turns=2"])
+        "run.steps=2", "env.class=tests.agent_envs:Chatter", "env.kwargs.turns=2", "eval=null"])
     rows += train(agent, rollout_worker=HFRolloutWorker)
     keys = {"step"} | {k for row in rows for k, v in row.items() if v is not None and math.isfinite(v)}
     return {"ray_" + gauge_name(key) for key in keys}  # RayMetricsSink skips null and non-finite values

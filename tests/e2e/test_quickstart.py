@@ -33,3 +33,8 @@ def test_quickstart_learns(tmp_path):
     assert all(abs(r["correction/mismatch_kl"]) < 1e-6 for r in rows)
     assert all(abs(r["correction/weight_mean"] - 1.0) < 1e-3 for r in rows)
     assert any((tmp_path / "quickstart" / "tensorboard").iterdir())
+    # The held-out set, greedy after steps 10, 20 and 30: the policy improves on prompts it never trained on.
+    held = [r["eval/toy-heldout/accuracy"] for r in rows if "eval/toy-heldout/accuracy" in r]
+    assert [r["step"] for r in rows if "eval/toy-heldout/accuracy" in r] == [10, 20, 30]
+    assert held[-1] > held[0], f"held-out accuracy did not rise: {held}"
+    assert (tmp_path / "quickstart" / "eval" / "toy-heldout" / "step_000030.jsonl").is_file()
