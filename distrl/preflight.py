@@ -4,8 +4,9 @@
   and its context length holds what the rollout engine needs (`rollout.max_model_len`, or `data.max_prompt_tokens +
   rollout.sampling.max_new_tokens`); the tokenizer loads; the reference model's config loads when a KL term needs
   one;
-- the data: every row parses and holds a usable prompt (`data.check_rows`), and the tokenizer has a chat template if
-  some prompt needs one;
+- the data: its source resolves (a hub name through the Hugging Face cache, honouring `HF_HUB_OFFLINE`), every row
+  parses and holds a usable prompt, answer and reward columns (`data.check_rows`), and the tokenizer has a chat
+  template if some prompt needs one, which renders the first of them;
 - the reward function imports;
 - the run directory can be made and written, and `run.resume` / `run.overwrite` fit what is already there;
 - on the embedded cluster, the roles' CPUs and GPUs fit this machine.
@@ -194,18 +195,17 @@ def _long_context_allowed(cfg: Config) -> bool:
 
 # ------------------------------------------------------------------------------------------ data, reward, outputs
 def _data(data: DataConfig, tokenizer, problems: list[str]) -> None:
-    if not Path(data.path).exists():
-        problems.append(f"data.path: {data.path} does not exist{_relative_note(data.path)}")
-        return
+    """Every row holds the prompt's columns (or `data.prompt`'s template fills), the answer and the reward columns;
+    the first prompts that need the chat template render with it."""
     try:
-        _, needs_template = check_rows(data)
+        _, needs_template = check_rows(data, tokenizer)
     except DataError as err:
-        problems.append(f"data.path: {err}")
+        problems.append(f"{err.field}: {err}")
         return
     if needs_template and tokenizer is not None and tokenizer.chat_template is None:
-        problems.append(f"data.chat_template: prompts in {data.path} need a chat template (chat messages, or "
-                        f"data.chat_template 'always') and the tokenizer has none; use plain-string prompts with "
-                        f"data.chat_template 'auto' or 'never'")
+        problems.append(f"data.chat_template: prompts in {data.path} need a chat template (chat messages, "
+                        f"data.chat_template 'always', or data.system_prompt) and the tokenizer has none; use "
+                        f"plain-string prompts with data.chat_template 'auto' or 'never'")
 
 
 def _reward(reward: RewardConfig, problems: list[str]) -> None:

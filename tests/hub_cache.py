@@ -59,3 +59,10 @@ def cache_model(cache: Path, name: str, model_dir: Path) -> Path:
     return cache_repo(cache, "model", name, {p.relative_to(model_dir).as_posix(): p.read_bytes()
                                              for p in sorted(model_dir.rglob("*")) if p.is_file()})
 
+
+def gsm8k_reward(prompt: str, completion: str, sample: dict) -> float:
+    """1 when the completion holds the final number of a GSM8K-style answer (`... #### N`). Raises unless the
+    reward received the row's columns, so that a run proves what its reward was handed."""
+    if set(sample) != {"question", "answer"} or not sample["answer"].rsplit("####", 1)[-1].strip().isdigit():
+        raise ValueError(f"the reward received {sample}, not a GSM8K row")
+    return float(sample["answer"].rsplit("####", 1)[-1].strip() in completion)

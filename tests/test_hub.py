@@ -14,7 +14,7 @@ from test_sharding import _spawn
 from distrl.config import FSDPStrategy, ModelConfig
 from distrl.hub import HubError, is_hub_name, local_dir, offline
 from distrl.workers.model import load_causal_lm, load_tokenizer, resolve_model_path, tokenizer_path
-from tests.hub_cache import cache_model, cache_repo
+from tests.hub_cache import cache_gsm8k_like, cache_model, cache_repo
 
 NAME = "distrl-tests/tiny-llama"
 
@@ -92,3 +92,46 @@ def test_an_fsdp_learner_reads_a_hub_name_from_the_cache(hub, tiny_model_dir, tm
     assert weights and set(weights) <= set(local)
     assert all(torch.equal(weights[k], local[k]) for k in weights)
 
+
+TRAIN_ONE_STEP = """
+import json, sys
+from distrl import config
+from distrl.driver import train
+from tests.hf_rollout import HFRolloutWorker
+
+cfg = config.load("configs/quickstart.yaml", sys.argv[1:])
+print(json.dumps(train(cfg, rollout_worker=HFRolloutWorker)))
+"""
+
+
+def test_one_step_trains_from_a_hub_named_data_set_and_model_resolved_offline(tiny_model_dir, tmp_path):
+    """The whole run in a fresh process whose environment a user on an air-gapped cluster would set: HF_HOME at a
+    cache that holds both names, both offline switches on (nothing else could resolve them: the hub is out of
+    reach, and neither name is a local path)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    cache_model(tmp_path / "hf" / "hub", NAME, tiny_model_dir)
+    cache_gsm8k_like(tmp_path / "hf" / "hub", train=16)
+    overrides = [f"model.path={NAME}", "model.create_tiny_if_missing=false", "data.path=openai/gsm8k",
+                 "data.subset=main", "data.split=train", "data.prompt={question}\nAnswer after ####.",
+                 "data.max_prompt_tokens=128", "reward.function=tests.hub_cache:gsm8k_reward",
+                 f"run.output_dir={tmp_path / 'runs'}", "run.steps=1", "run.progress=false", "run.ray_metrics=false",
+                 "run.tensorboard=false", "cluster.backend=local", "rollout.prompts_per_step=4",
+                 "rollout.n_samples_per_prompt=2", "rollout.sampling.max_new_tokens=6", "learner.micro_batch_size=8"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=str(root),
+               OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", TRAIN_ONE_STEP, *overrides], cwd=root, env=env, check=False,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (history,) = json.loads(done.stdout.strip().splitlines()[-1])
+    metrics = tmp_path / "runs" / "quickstart" / "metrics.jsonl"
+    (step,) = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert step["step"] == 1 and history["learner/tokens"] > 0 and history["reward/errors"] == 0
+    state = json.loads((tmp_path / "runs" / "quickstart" / "checkpoints" / "step_000001" / "driver_state.json")
+                       .read_text())
+    assert state["data"]["num_prompts"] == 16  # the train split of `main`, not `test` (2 rows)
