@@ -235,6 +235,18 @@ def test_a_hub_name_is_read_offline_from_the_hugging_face_cache(hf_home, tokeniz
     assert len(load("openai/gsm8k", tokenizer, subset="socratic", split="test", prompt="question")[0]) == 2
 
 
+def test_the_shipped_gsm8k_config_reads_the_hubs_gsm8k_layout_offline(hf_home, tokenizer):
+    from distrl import config
+
+    cache_gsm8k_like(hf_home / "hub", train=3)
+    data = config.load(Path(__file__).resolve().parents[1] / "configs" / "grpo-gsm8k.yaml").data
+    assert check_rows(data) == (3, True)  # chat_template: always
+    prompts, _ = load_prompts(data, tokenizer)
+    user = {"role": "user", "content": "Count on: 0 1\nAnswer with the final number after ####."}
+    assert prompts[0].text == tokenizer.apply_chat_template([user], add_generation_prompt=True, tokenize=False)
+    assert prompts[0].answer == "0 then 1, so the next is 2.\n#### 2"
+
+
 def test_a_hub_name_needs_a_subset_when_it_has_several(hf_home, tokenizer):
     cache_gsm8k_like(hf_home / "hub")
     with pytest.raises(DataError, match=r"openai/gsm8k: .*main.*socratic") as err:
