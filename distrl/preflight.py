@@ -1,10 +1,12 @@
 """Preflight: what a run needs that can be checked without Ray, checked before any cluster or actor starts.
 
-- the model: its config loads, and its context length holds what the rollout engine needs (`rollout.max_model_len`,
-  or `data.max_prompt_tokens + rollout.sampling.max_new_tokens`); the tokenizer loads; the reference model's config
-  loads when a KL term needs one;
-- the data: every row parses and holds a usable prompt (`data.check_rows`), and the tokenizer has a chat template if
-  some prompt needs one;
+- the model: a hub name resolves through the Hugging Face cache as every role will resolve it, its config loads,
+  and its context length holds what the rollout engine needs (`rollout.max_model_len`, or `data.max_prompt_tokens +
+  rollout.sampling.max_new_tokens`); the tokenizer loads; the reference model's config loads when a KL term needs
+  one;
+- the data: its source resolves (a hub name through the Hugging Face cache, honouring `HF_HUB_OFFLINE`), every row
+  parses and holds a usable prompt, answer and reward columns (`data.check_rows`), and the tokenizer has a chat
+  template if some prompt needs one, which renders the first of them;
 - the reward function imports;
 - the run directory can be made and written, and `run.resume` / `run.overwrite` fit what is already there;
 - on the embedded cluster, the roles' CPUs and GPUs fit this machine.
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from distrl.config import Config, DataConfig, EnvConfig, RewardConfig, RunConfig
 from distrl.data import DataError, check_rows
+from distrl.hub import HubError, is_hub_name, local_dir
 from distrl.run_dir import reuse_problem
 
 __all__ = ["PreflightError", "check", "context_length"]
@@ -94,48 +97,51 @@ def _model(cfg: Config, problems: list[str]):
 
 def _hf_config(path: str, field: str, trust_remote_code: bool, problems: list[str]):
     """The model's transformers config, or None after noting why it cannot be loaded."""
-    missing = _missing_local(path, "config.json")
-    if missing:
-        problems.append(f"{field}: {missing}")
+    local = _model_dir(path, field, "config.json", problems)
+    if local is None:
         return None
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(local, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        hub = "" if Path(path).expanduser().is_dir() else (
-            f" (no such local directory{_relative_note(path)}, so it was looked up as a hub name)")
+        hub = "" if local == path else f" (the hub name's snapshot in the Hugging Face cache, {local})"
         problems.append(f"{field}: cannot load the model config from {path}{hub}: {_one_line(err)}")
         return None
 
 
 def _tokenizer(path: str, field: str, trust_remote_code: bool, problems: list[str]):
-    missing = _missing_local(path, None)
-    if missing:
-        problems.append(f"{field}: {missing}")
+    local = _model_dir(path, field, None, problems)
+    if local is None:
         return None
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         problems.append(f"{field}: cannot load a tokenizer from {path}: {_one_line(err)}")
         return None
 
 
-def _missing_local(path: str, needs: str | None) -> str | None:
-    """Why local path `path` is no model directory (holding `needs`), or None: it is one, or it is a hub name, which
-    transformers finds in its cache or downloads."""
+def _model_dir(path: str, field: str, needs: str | None, problems: list[str]) -> str | None:
+    """The local directory of model path `path` (holding `needs`), as every role resolves it (`distrl.hub`: a hub
+    name through the Hugging Face cache; here its config and tokenizer files only), or None after noting why not."""
     local = Path(path).expanduser()
-    if local.is_dir():
-        return None if needs is None or (local / needs).is_file() else f"{path} holds no {needs}"
-    if local.exists():
-        return f"{path} is a file, not a model directory"
-    # A hub name is `name` or `namespace/name`; anything else, or a namespace that is a local directory, is a path.
-    parts = path.split("/")
-    if path.startswith(("/", ".", "~")) or len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).is_dir()):
-        return f"{path} does not exist{_relative_note(path)}"
-    return None
+    if local.exists() and not local.is_dir():
+        problems.append(f"{field}: {path} is a file, not a model directory")
+        return None
+    if not local.exists() and not is_hub_name(path):
+        problems.append(f"{field}: {path} does not exist{_relative_note(path)}")
+        return None
+    try:
+        resolved = local_dir(path, weights=False)
+    except HubError as err:
+        problems.append(f"{field}: {err}")
+        return None
+    if needs is not None and not (Path(resolved) / needs).is_file():
+        problems.append(f"{field}: {path} holds no {needs}")
+        return None
+    return resolved
 
 
 def context_length(hf_config, tokenizer=None) -> tuple[float | None, str]:
@@ -190,18 +196,17 @@ def _long_context_allowed(cfg: Config) -> bool:
 
 # ------------------------------------------------------------------------------------------ data, reward, outputs
 def _data(data: DataConfig, tokenizer, problems: list[str]) -> None:
-    if not Path(data.path).exists():
-        problems.append(f"data.path: {data.path} does not exist{_relative_note(data.path)}")
-        return
+    """Every row holds the prompt's columns (or `data.prompt`'s template fills), the answer and the reward columns;
+    the first prompts that need the chat template render with it."""
     try:
-        _, needs_template = check_rows(data)
+        _, needs_template = check_rows(data, tokenizer)
     except DataError as err:
-        problems.append(f"data.path: {err}")
+        problems.append(f"{err.field}: {err}")
         return
     if needs_template and tokenizer is not None and tokenizer.chat_template is None:
-        problems.append(f"data.chat_template: prompts in {data.path} need a chat template (chat messages, or "
-                        f"data.chat_template 'always') and the tokenizer has none; use plain-string prompts with "
-                        f"data.chat_template 'auto' or 'never'")
+        problems.append(f"data.chat_template: prompts in {data.path} need a chat template (chat messages, "
+                        f"data.chat_template 'always', or data.system_prompt) and the tokenizer has none; use "
+                        f"plain-string prompts with data.chat_template 'auto' or 'never'")
 
 
 def _eval(cfg: Config, problems: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""Loading prompt files (jsonl, parquet, datasets dirs), chat rendering, filtering, errors, and the batch iterator."""
+"""Loading prompts (JSON lines, JSON, parquet and CSV files, globs, saved and hub-layout directories, hub names from
+the Hugging Face cache offline), prompt columns and templates, chat rendering, filtering, errors, and the stream."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ from distrl.config import DataConfig
 from distrl.data import DataError, PromptStream, check_rows, load_prompts
 from distrl.tasks.toy import write_toy_dataset
 from distrl.types import Prompt
+from tests.hub_cache import cache_gsm8k_like
+
+
+@pytest.fixture(autouse=True)
+def hf_home(tmp_path, monkeypatch) -> Path:
+    """A Hugging Face cache of the test's own, offline: `datasets`' Arrow tables land there, not in HOME."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path / "hf"
 
 
 @pytest.fixture(scope="module")
@@ -88,16 +100,21 @@ def test_datasets_directory(tmp_path, tokenizer):
     assert prompts[1].text == "<|bos|><|user|>\nCount on: 8 9<|eos|>\n<|assistant|>\n"
 
     split = datasets.Dataset.from_list(rows)
-    datasets.DatasetDict({"train": split, "test": split}).save_to_disk(tmp_path / "dd")
-    with pytest.raises(DataError, match="holds the splits"):
-        load(tmp_path / "dd", tokenizer)
-    datasets.DatasetDict({"train": split}).save_to_disk(tmp_path / "single")
-    assert len(load(tmp_path / "single", tokenizer)[0]) == 2
+    datasets.DatasetDict({"train": split, "test": split.select([0])}).save_to_disk(tmp_path / "dd")
+    assert len(load(tmp_path / "dd", tokenizer)[0]) == 2  # several splits: 'train'
+    assert len(load(tmp_path / "dd", tokenizer, split="test")[0]) == 1
+    with pytest.raises(DataError, match=r"data.split 'dev': .* has the splits \['test', 'train'\]"):
+        load(tmp_path / "dd", tokenizer, split="dev")
+    datasets.DatasetDict({"a": split, "b": split}).save_to_disk(tmp_path / "ab")
+    with pytest.raises(DataError, match=r"holds the splits \['a', 'b'\] and none is 'train'"):
+        load(tmp_path / "ab", tokenizer)
+    datasets.DatasetDict({"test": split}).save_to_disk(tmp_path / "single")
+    assert len(load(tmp_path / "single", tokenizer)[0]) == 2  # the only split, whatever its name
 
 
-@pytest.mark.parametrize("name, message", [("missing.jsonl", "does not exist"), ("d.csv", "unknown format '.csv'")])
+@pytest.mark.parametrize("name, message", [("missing.jsonl", "does not exist"), ("d.txt", "unknown format '.txt'")])
 def test_unusable_paths(tmp_path, tokenizer, name, message):
-    (tmp_path / "d.csv").write_text("prompt\nhi\n")
+    (tmp_path / "d.txt").write_text("prompt\nhi\n")
     with pytest.raises(DataError, match=message):
         load(tmp_path / name, tokenizer)
 
@@ -163,7 +180,7 @@ def test_empty_file_is_an_error(tmp_path, tokenizer):
 @pytest.mark.parametrize("bad, message", [
     ('{"prompt": "unterminated', "not valid JSON"),
     ('[1, 2]', "expected an object with a 'prompt' field, got list"),
-    ('{"question": "hi"}', r"no prompt field 'prompt' \(data.prompt_key\); the row has \['question'\]"),
+    ('{"question": "hi"}', r"no prompt field 'prompt' \(data.prompt\); the row has \['question'\]"),
     ('{"prompt": 5}', "must be a string or a list of chat messages, got int"),
     ('{"prompt": ""}', "'prompt' is empty"),
     ('{"prompt": []}', "empty list of chat messages"),
@@ -203,6 +220,153 @@ def test_data_module_does_not_import_torch_or_transformers():
     code = "import sys, distrl.data; print(sorted(m for m in ('torch', 'transformers', 'pyarrow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# ------------------------------------------------------------------------------- sources as datasets names them
+GSM8K_PROMPT = "{question}\nAnswer with the final number after ####."
+
+
+def test_a_hub_name_is_read_offline_from_the_hugging_face_cache(hf_home, tokenizer):
+    cache_gsm8k_like(hf_home / "hub", train=5)
+    prompts, stats = load("openai/gsm8k", tokenizer, subset="main", prompt=GSM8K_PROMPT)
+    assert stats.rows == 5 and prompts[2].text == "Count on: 2 3\nAnswer with the final number after ####."
+    assert prompts[2].answer.endswith("#### 4") and prompts[2].sample == {"question": "Count on: 2 3",
+                                                                         "answer": prompts[2].answer}
+    assert len(load("openai/gsm8k", tokenizer, subset="socratic", split="test", prompt="question")[0]) == 2
+
+
+def test_the_shipped_gsm8k_config_reads_the_hubs_gsm8k_layout_offline(hf_home, tokenizer):
+    from distrl import config
+
+    cache_gsm8k_like(hf_home / "hub", train=3)
+    data = config.load(Path(__file__).resolve().parents[1] / "configs" / "grpo-gsm8k.yaml").data
+    assert check_rows(data) == (3, True)  # chat_template: always
+    prompts, _ = load_prompts(data, tokenizer)
+    user = {"role": "user", "content": "Count on: 0 1\nAnswer with the final number after ####."}
+    assert prompts[0].text == tokenizer.apply_chat_template([user], add_generation_prompt=True, tokenize=False)
+    assert prompts[0].answer == "0 then 1, so the next is 2.\n#### 2"
+
+
+def test_a_hub_name_needs_a_subset_when_it_has_several(hf_home, tokenizer):
+    cache_gsm8k_like(hf_home / "hub")
+    with pytest.raises(DataError, match=r"openai/gsm8k: .*main.*socratic") as err:
+        load("openai/gsm8k", tokenizer)
+    assert err.value.field == "data.subset"
+    with pytest.raises(DataError, match=r"data.split 'validation': openai/gsm8k has the splits \['test', 'train'\]"):
+        load("openai/gsm8k", tokenizer, subset="main", split="validation")
+
+
+@pytest.mark.parametrize("switch", ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])
+def test_an_uncached_hub_name_offline_says_where_it_looked_and_how_to_download(hf_home, tokenizer, monkeypatch,
+                                                                               switch):
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv(switch, "1")
+    with pytest.raises(DataError) as err:
+        load("openai/gsm8k", tokenizer, revision="v2")
+    message = str(err.value)
+    assert "\n" not in message and err.value.field == "data.path"
+    assert message.startswith("openai/gsm8k is no local path") and f"Hugging Face cache {hf_home / 'hub'} " in message
+    assert f"{switch} is set" in message and "at revision v2" in message
+    assert "`hf download --repo-type dataset openai/gsm8k --revision v2`" in message
+
+
+def test_a_local_directory_in_the_hub_layout(hf_home, tokenizer):
+    snapshot = cache_gsm8k_like(hf_home / "hub", name="someone/copy")
+    prompts, _ = load(snapshot, tokenizer, subset="main", split="test", prompt=GSM8K_PROMPT)
+    assert [p.text.split("\n")[0] for p in prompts] == ["Count on: 0 1", "Count on: 1 2"]
+    with pytest.raises(DataError, match=r"data.revision 'v1' is for hub names"):
+        load(snapshot, tokenizer, subset="main", revision="v1")
+
+
+def test_csv_and_globs_of_files(tmp_path, tokenizer):
+    (tmp_path / "a.csv").write_text("question,target\nCount on: 1 2,3\n")
+    (tmp_path / "b.csv").write_text("question,target\nCount on: 5 6,7\nCount on: 8 9,10\n")
+    prompts, _ = load(tmp_path / "*.csv", tokenizer, prompt="question", answer_key="target")
+    assert [(p.text, p.answer) for p in prompts] == [("Count on: 1 2", "3"), ("Count on: 5 6", "7"),
+                                                    ("Count on: 8 9", "10")]
+    write_jsonl(tmp_path / "p1.jsonl", [{"prompt": "a"}])
+    write_jsonl(tmp_path / "p2.jsonl", [{"prompt": "b"}, {"prompt": 5}])
+    with pytest.raises(DataError, match=rf"^{re.escape(str(tmp_path / 'p2.jsonl'))}:2: 'prompt' must be a string"):
+        load(tmp_path / "p*.jsonl", tokenizer)  # each file's own lines
+    with pytest.raises(DataError, match="matches no file"):
+        load(tmp_path / "*.parquet", tokenizer)
+    with pytest.raises(DataError, match="mixed formats"):
+        load(tmp_path / "*", tokenizer)
+    with pytest.raises(DataError, match=r"data.subset 'main' names a configuration"):
+        load(tmp_path / "a.csv", tokenizer, subset="main")
+    with pytest.raises(DataError, match=r"data.split 'test': files are one split"):
+        load(tmp_path / "a.csv", tokenizer, split="test")
+
+
+def test_a_json_array_file(tmp_path, tokenizer):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([{"prompt": "a", "answer": 1}, {"prompt": "b"}], indent=2))
+    prompts, _ = load(path, tokenizer)
+    assert [(p.text, p.answer) for p in prompts] == [("a", "1"), ("b", None)]
+    path.write_text('[{"prompt": "a"},\n {"prompt": "b"')
+    with pytest.raises(DataError, match=rf"{path}:2: not valid JSON"):
+        load(path, tokenizer)
+
+
+def test_a_prompt_template_over_columns(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"q": "Count on: 1 2", "n": 3, "answer": "3"}])
+    (prompt,), _ = load(path, tokenizer, prompt="Q: {q} ({n:02d} {{x}}) {q!r}")
+    assert prompt.text == "Q: Count on: 1 2 (03 {x}) 'Count on: 1 2'"
+    assert prompt.sample == {"q": "Count on: 1 2", "n": 3, "answer": "3"}  # the whole row, as before
+
+
+@pytest.mark.parametrize("row, template, message", [
+    ({"q": "a"}, "{q} {p}", r":1: the template data.prompt names the column 'p', which the row lacks; the row has "
+                            r"\['q'\]"),
+    ({"q": ["a"]}, "{q}", r":1: column 'q' of the template data.prompt must hold a string or a number, got list"),
+    ({"q": None}, "{q}", r":1: column 'q' of the template data.prompt must hold a string or a number, got NoneType"),
+    ({"q": "a"}, "{q:d}", r":1: the template data.prompt cannot format column 'q' \('a'\) with \{q:d\}"),
+])
+def test_template_errors_name_the_row_and_the_field(tmp_path, tokenizer, row, template, message):
+    path = write_jsonl(tmp_path / "d.jsonl", [row])
+    with pytest.raises(DataError, match=message) as err:
+        check_rows(DataConfig(path=str(path), prompt=template))
+    assert err.value.field == "data.prompt"
+
+
+def test_prompt_key_is_the_earlier_name_of_prompt(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"question": "Count on: 1 2"}])
+    assert DataConfig(path=str(path), prompt_key="question").prompt == "question"
+    with pytest.raises(ValueError, match=r"data\.prompt and data\.prompt_key are the same field"):
+        DataConfig(path=str(path), prompt="question", prompt_key="question")
+    for bad, message in [("{", "is no template"), ("{}", "must name a column"), ("{{x}}", "names no column")]:
+        with pytest.raises(ValueError, match=message):
+            DataConfig(path=str(path), prompt=bad)
+
+
+def test_a_system_prompt_makes_chat_messages(tmp_path, tokenizer):
+    system = {"role": "system", "content": "Digits only."}
+    own = [{"role": "system", "content": "Mine."}, {"role": "user", "content": "Count on: 8 9"}]
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "Count on: 1 2"}, {"prompt": own}])
+    plain, chat = load(path, tokenizer, system_prompt="Digits only.")[0]
+    user = {"role": "user", "content": "Count on: 1 2"}
+    assert plain.text == tokenizer.apply_chat_template([system, user], add_generation_prompt=True, tokenize=False)
+    assert chat.text == tokenizer.apply_chat_template(own, add_generation_prompt=True, tokenize=False)
+    assert check_rows(DataConfig(path=str(path), system_prompt="s")) == (2, True)
+    with pytest.raises(ValueError, match=r"data\.system_prompt makes every prompt chat messages"):
+        DataConfig(path=str(path), system_prompt="s", chat_template="never")
+
+
+def test_check_rows_renders_the_first_templated_prompts(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a"}, {"prompt": [{"role": "narrator", "content": "b"}]}])
+    assert check_rows(DataConfig(path=str(path))) == (2, True)  # without a tokenizer, nothing is rendered
+    with pytest.raises(DataError, match=rf"{path}:2: the chat template rejected these messages"):
+        check_rows(DataConfig(path=str(path)), tokenizer)
+    assert check_rows(DataConfig(path=str(path)), tokenizer, rendered=0) == (2, True)
+
+
+def test_reward_columns_pick_what_the_reward_receives(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "answer": "1", "id": 7, "meta": {"x": 1}}])
+    (prompt,), _ = load(path, tokenizer, reward_columns=["id"])
+    assert prompt.sample == {"id": 7} and prompt.row() == {"id": 7, "answer": "1"}
+    with pytest.raises(DataError, match=rf"{path}:1: no column 'idx' \(data.reward_columns\)") as err:
+        check_rows(DataConfig(path=str(path), reward_columns=["id", "idx"]))
+    assert err.value.field == "data.reward_columns"
 
 
 # --------------------------------------------------------------------------------------------------------- stream

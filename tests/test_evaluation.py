@@ -66,6 +66,12 @@ def test_the_eval_section_is_checked_and_sets_take_the_data_spec():
     [held] = cfg.eval.sets
     assert (held.path, held.chat_template, held.max_prompt_tokens, held.shuffle) == ("h.jsonl", "always", 7, False)
     assert [s for s in range(1, 31) if cfg.eval.due(s, 30)] == [5, 10, 15, 20, 25, 30]
+    hub = {**base, "data": {"path": "openai/gsm8k", "subset": "main", "split": "train", "prompt": "{question}"}}
+    same, other = config.from_dict({**hub, "eval": {"sets": [
+        {"name": "test", "path": "openai/gsm8k", "split": "test"},
+        {"name": "mine", "path": "held.jsonl", "prompt_key": "q"}]}}).eval.sets
+    assert (same.subset, same.split, same.prompt) == ("main", "test", "{question}")
+    assert (other.subset, other.split, other.prompt) == (None, None, "q")
     with pytest.raises(ValueError, match="would all be the same"):
         config.from_dict({**base, "eval": {"sets": [{"name": "a", "path": "h"}], "sampling": {"n": 4}}})
     with pytest.raises(ValueError, match=r"names must differ, \['a'\]"):

@@ -105,7 +105,7 @@ CASES = [
      r"^data\.path: .*/none\.jsonl does not exist$"),
     ("malformed jsonl line", lambda t, m: _bad_line(t), r"^data\.path: .*/bad\.jsonl:3: not valid JSON"),
     ("row without prompt", lambda t, m: _no_prompt_field(t),
-     r"^data\.path: .*/q\.jsonl:2: no prompt field 'prompt' \(data\.prompt_key\)"),
+     r"^data\.prompt: .*/q\.jsonl:2: no prompt field 'prompt' \(data\.prompt\)"),
     ("bad reward import", lambda t, m: {"reward": {"function": "distrl.nowhere:score"}},
      r"^reward\.function: reward function 'distrl\.nowhere:score': cannot import module 'distrl\.nowhere'"),
     ("reward not in module", lambda t, m: {"reward": {"function": "distrl.workers.rewards:nothing"}},
@@ -187,6 +187,29 @@ def test_every_problem_is_reported_at_once(tiny_model_dir, toy_dataset, tmp_path
         check(cfg)
     assert [p.split(":")[0] for p in err.value.problems] == ["rollout.max_model_len", "data.path", "reward.function"]
     assert str(err.value).splitlines()[0] == "cannot start the run: 3 problems"
+
+
+def test_hub_names_resolve_offline_from_the_cache_before_anything_starts(tiny_model_dir, toy_dataset, tmp_path,
+                                                                         monkeypatch):
+    from tests.hub_cache import cache_gsm8k_like, cache_model
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cache_model(tmp_path / "hf" / "hub", "distrl-tests/tiny", tiny_model_dir)
+    cache_gsm8k_like(tmp_path / "hf" / "hub")
+    gsm8k = {"path": "openai/gsm8k", "subset": "main", "prompt": "{question}\nAnswer after ####."}
+    check(make_cfg(tiny_model_dir, toy_dataset, tmp_path, model={"path": "distrl-tests/tiny"}, data=gsm8k))
+    found = problems(make_cfg(tiny_model_dir, toy_dataset, tmp_path, model={"path": "someone/absent"},
+                              data={"path": "someone/absent-data"}))
+    assert [p.split(" is no local path")[0] for p in found] == ["model.path: someone/absent",
+                                                                 "data.path: someone/absent-data"]
+    assert all("HF_HUB_OFFLINE is set; pre-download it" in p and "`hf download" in p for p in found)
+    found = problems(make_cfg(tiny_model_dir, toy_dataset, tmp_path, data={**gsm8k, "prompt": "{question} {q}"}))
+    assert found == ["data.prompt: openai/gsm8k main/train: row 0: the template data.prompt names the column 'q', "
+                     "which the row lacks; the row has ['answer', 'question']"]
+    found = problems(make_cfg(tiny_model_dir, toy_dataset, tmp_path, data={**gsm8k, "subset": None}))
+    assert found[0].startswith("data.subset: openai/gsm8k: ") and "socratic" in found[0]
 
 
 def test_context_length_follows_vllms_rule():

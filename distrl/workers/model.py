@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from distrl.config import ModelConfig
+from distrl.hub import local_dir
 from distrl.micro_batches import micro_batches
 from distrl.types import Sequences
 from distrl.workers.packed_attention import PACKED_ATTENTION
@@ -23,8 +24,10 @@ from distrl.workers.packed_attention import PACKED_ATTENTION
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_model_path(cfg: ModelConfig, path: str | None = None) -> str:
-    """The model location to load; builds the tiny test model first when the config asks for it and it is absent."""
+def resolve_model_path(cfg: ModelConfig, path: str | None = None, weights: bool = True) -> str:
+    """The local directory of the model to load (`path`, else `model.path`): a hub name resolved through the
+    Hugging Face cache (`distrl.hub.local_dir`; `weights=False` fetches only its config and tokenizer files), or
+    the tiny test model, built first when the config asks for it and it is absent."""
     path = path or cfg.path
     if cfg.create_tiny_if_missing:
         from filelock import FileLock
@@ -37,14 +40,21 @@ def resolve_model_path(cfg: ModelConfig, path: str | None = None) -> str:
         with FileLock(str(Path(path)) + ".lock"):
             if not (Path(path) / "config.json").exists():
                 make_tiny_model(path)
-    return path
+        return path
+    return local_dir(path, weights=weights)
+
+
+def tokenizer_path(cfg: ModelConfig) -> str:
+    """The local directory of the tokenizer: `model.tokenizer`, else the model's, resolved as models are."""
+    if cfg.tokenizer:
+        return local_dir(cfg.tokenizer, weights=False)
+    return resolve_model_path(cfg, weights=False)
 
 
 def load_tokenizer(cfg: ModelConfig):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cfg.tokenizer or resolve_model_path(cfg),
-                                        trust_remote_code=cfg.trust_remote_code)
+    tok = AutoTokenizer.from_pretrained(tokenizer_path(cfg), trust_remote_code=cfg.trust_remote_code)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

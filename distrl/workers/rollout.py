@@ -34,7 +34,7 @@ from distrl.workers.device import granted_device
 from distrl.workers.engine_loop import EngineLoop
 from distrl.workers.episodes import EngineStepper, Resampled
 from distrl.workers.fingerprint import Fingerprint, columns, of_sample, sample
-from distrl.workers.model import resolve_model_path
+from distrl.workers.model import resolve_model_path, tokenizer_path
 
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
 """Environment of every rollout process, needed before vLLM is imported (set by the cluster layer, and here).
@@ -140,7 +140,7 @@ class RolloutWorker:
         self.on_gpu = on_gpu = granted_device(num_gpus, "rollout") == "cuda"
         engine_args: dict[str, Any] = dict(
             model=resolve_model_path(model),
-            tokenizer=model.tokenizer,
+            tokenizer=tokenizer_path(model),
             trust_remote_code=model.trust_remote_code,
             dtype=cfg.dtype,
             seed=seed,
