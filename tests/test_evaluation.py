@@ -65,13 +65,16 @@ def test_the_eval_section_is_checked_and_sets_take_the_data_spec():
                                              "every": 5}})
     [held] = cfg.eval.sets
     assert (held.path, held.chat_template, held.max_prompt_tokens, held.shuffle) == ("h.jsonl", "always", 7, False)
+    assert config.from_dict({**base, "data": {**base["data"], "prompt": "{q}"},
+                             "eval": {"sets": [{"name": "h", "path": "h.jsonl"}]}}).eval.sets[0].prompt == "prompt"
     assert [s for s in range(1, 31) if cfg.eval.due(s, 30)] == [5, 10, 15, 20, 25, 30]
-    hub = {**base, "data": {"path": "openai/gsm8k", "subset": "main", "split": "train", "prompt": "{question}"}}
+    hub = {**base, "data": {"path": "openai/gsm8k", "subset": "main", "split": "train", "prompt": "{question}",
+                            "chat_template": "always"}}
     same, other = config.from_dict({**hub, "eval": {"sets": [
         {"name": "test", "path": "openai/gsm8k", "split": "test"},
         {"name": "mine", "path": "held.jsonl", "prompt_key": "q"}]}}).eval.sets
-    assert (same.subset, same.split, same.prompt) == ("main", "test", "{question}")
-    assert (other.subset, other.split, other.prompt) == (None, None, "q")
+    assert (same.subset, same.split, same.prompt, same.chat_template) == ("main", "test", "{question}", "always")
+    assert (other.subset, other.split, other.prompt, other.chat_template) == (None, None, "q", "always")
     with pytest.raises(ValueError, match="would all be the same"):
         config.from_dict({**base, "eval": {"sets": [{"name": "a", "path": "h"}], "sampling": {"n": 4}}})
     with pytest.raises(ValueError, match=r"names must differ, \['a'\]"):

@@ -118,7 +118,7 @@ def test_one_step_trains_from_a_hub_named_data_set_and_model_resolved_offline(ti
     cache_gsm8k_like(tmp_path / "hf" / "hub", train=16)
     overrides = [f"model.path={NAME}", "model.create_tiny_if_missing=false", "data.path=openai/gsm8k",
                  "data.subset=main", "data.split=train", "data.prompt={question}\nAnswer after ####.",
-                 "data.max_prompt_tokens=128", "reward.function=tests.hub_cache:gsm8k_reward",
+                 "data.max_prompt_tokens=128", "reward.function=tests.hub_cache:gsm8k_reward", "eval=null",
                  f"run.output_dir={tmp_path / 'runs'}", "run.steps=1", "run.progress=false", "run.ray_metrics=false",
                  "run.tensorboard=false", "cluster.backend=local", "rollout.prompts_per_step=4",
                  "rollout.n_samples_per_prompt=2", "rollout.sampling.max_new_tokens=6", "learner.micro_batch_size=8"]

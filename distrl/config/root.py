@@ -107,16 +107,16 @@ class Config(Section):
     @model_validator(mode="before")
     @classmethod
     def _eval_sets_take_the_data_spec(cls, tree: Any) -> Any:
-        """An eval set's dataset fields that it does not give itself are `data`'s (columns, templates, limits; and
-        subset, split and revision when it reads the same source), so a held-out split of the training data needs
-        only its name, path and split."""
+        """An eval set's dataset fields that it does not give itself are `data`'s: all of them when it reads the
+        same source (a held-out split needs only its name, path and split), and how prompts are rendered
+        (`chat_template`, `system_prompt`, `max_prompt_tokens`) when it reads another, whose columns are its own."""
         if not (isinstance(tree, dict) and isinstance(tree.get("data"), dict) and isinstance(tree.get("eval"), dict)
                 and isinstance(tree["eval"].get("sets"), list)):
             return tree
         def inherited(own: dict) -> dict:
             data = {k: v for k, v in tree["data"].items() if k not in ("path", "shuffle")}
-            if own.get("path") != tree["data"].get("path"):  # another source: its own subset, split, revision
-                data = {k: v for k, v in data.items() if k not in ("subset", "split", "revision")}
+            if own.get("path") != tree["data"].get("path"):  # another source: only how prompts are rendered
+                data = {k: v for k, v in data.items() if k in ("chat_template", "system_prompt", "max_prompt_tokens")}
             if {"prompt", "prompt_key"} & own.keys():  # one field, two spellings
                 data = {k: v for k, v in data.items() if k not in ("prompt", "prompt_key")}
             return {**data, **own}
