@@ -34,6 +34,7 @@ from distrl.config.rollout import DynamicSamplingConfig, RolloutConfig, Sampling
 from distrl.config.root import Config
 from distrl.config.run import RunConfig
 from distrl.config.sources import ConfigError
+from distrl.config.trackers import MlflowConfig, WandbConfig
 
 __all__ = [
     "AlgorithmConfig",
@@ -57,6 +58,7 @@ __all__ = [
     "LearnerConfig",
     "Loop",
     "LossConfig",
+    "MlflowConfig",
     "ModelConfig",
     "PPOConfig",
     "PolicyConfig",
@@ -72,6 +74,7 @@ __all__ = [
     "SeqMaskTISCorrection",
     "Strategy",
     "SyncLoop",
+    "WandbConfig",
     "from_dict",
     "load",
     "to_yaml",
