@@ -220,7 +220,12 @@ def test_a_tracker_whose_server_dies_mid_run_is_named_once_and_dropped(tmp_path,
 
         def log_then_kill(run, step, row):
             log(run, step, row)
-            if step == 1:
+            if step == 1:  # once MLflow holds step 1 (a thread sends it), the server dies
+                run_id = json.loads((run.path / IDS).read_text())["mlflow"]
+                deadline = time.monotonic() + 60
+                while not mlflow_history(server.uri, run_id, ["reward/mean"]).get("reward/mean"):
+                    assert time.monotonic() < deadline, "step 1 never reached the MLflow server"
+                    time.sleep(0.1)
                 server.stop()
 
         monkeypatch.setattr(RunDir, "log", log_then_kill)
@@ -267,16 +272,49 @@ def run_dir_cfg(tmp_path, *overrides):
 
 def test_a_failing_tracker_warns_once_and_the_others_get_every_step(tmp_path):
     steady, failing = Fake(), Fake(fail_at=2)
-    with RunDir(run_dir_cfg(tmp_path)) as run:
+    warned = pytest.warns(RuntimeWarning, match=r"run\.trackers: fake failed to log step 2 and is disabled .*"
+                                                r"ConnectionError: server gone")
+    with warned as caught, RunDir(run_dir_cfg(tmp_path)) as run:  # the warning comes at step 3 or at the end
         run.trackers = Trackers([steady, failing])
-        with pytest.warns(RuntimeWarning, match=r"run\.trackers: fake failed to log step 2 and is disabled .*"
-                                                r"ConnectionError: server gone") as caught:
-            for step in (1, 2, 3):
-                run.log(step, row(0.5))
+        for step in (1, 2, 3):
+            run.log(step, row(0.5))
     assert len(caught) == 1
     assert (steady.steps, steady.states) == ([1, 2, 3], ["finished"])
     assert (failing.steps, failing.states) == ([1], [])  # dropped: never called again, not even to finish
     assert [json.loads(line)["step"] for line in (run.path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_rows_are_sent_by_a_thread_so_a_slow_tracker_never_holds_the_step(tmp_path, monkeypatch):
+    import threading
+
+    import distrl.trackers
+
+    release = threading.Event()
+
+    class Stuck(Fake):
+        def log(self, step, row):
+            release.wait()  # a server that does not answer
+            super().log(step, row)
+
+    stuck = Stuck()
+    with RunDir(run_dir_cfg(tmp_path)) as run:
+        run.trackers = Trackers([stuck])
+        for step in (1, 2, 3):
+            run.log(step, row(0.5))  # returns although the tracker has not sent step 1
+        assert stuck.steps == []
+        release.set()
+    assert (stuck.steps, stuck.states) == ([1, 2, 3], ["finished"])  # the end waits for the queued rows
+
+    release.clear()
+    monkeypatch.setattr(distrl.trackers, "FINISH_S", 0.2)
+    never = Stuck()
+    warned = pytest.warns(RuntimeWarning, match=r"fake was still sending rows 0 s after the run ended; its run is "
+                                                r"left unmarked")
+    with warned, RunDir(run_dir_cfg(tmp_path, ("overwrite", True))) as run:
+        run.trackers = Trackers([never])
+        run.log(1, row(0.5))
+    assert never.states == []
+    release.set()
 
 
 @pytest.mark.parametrize(("steps", "raised", "state"), [

@@ -1,10 +1,12 @@
 """Experiment trackers (`run.trackers`: `wandb`, `mlflow`): the run kept in a service outside the run directory.
 
-Only the driver logs to them, after each step's row is in RUN_DIR/metrics.jsonl. Each tracker's run id is kept in
+Only the driver logs to them, after each step's row is in RUN_DIR/metrics.jsonl, and each tracker's rows are sent
+by a thread of its own (`Sender`), so training never waits for a service. Each tracker's run id is kept in
 RUN_DIR/trackers.json, so a resumed run continues the same tracker run. A tracker that fails to start stops the run
-before its cluster starts (the user asked for it); one that fails mid-run is named in one warning and dropped for
-the rest of the run, and training goes on. The tracker packages are imported only when a tracker starts, so
-`distrl validate` stays light.
+before its cluster starts (the user asked for it); one that fails mid-run is named in one warning (at the next step,
+or at the run's end) and dropped for the rest of the run, and training goes on. At the end each tracker gets up to
+FINISH_S seconds to send what is queued before its run is marked. The tracker packages are imported only when a
+tracker starts, so `distrl validate` stays light.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from distrl.config import Config
 from distrl.trackers.base import EndState, Tracker
 from distrl.trackers.mlflow import MlflowTracker
+from distrl.trackers.sender import Sender
 from distrl.trackers.wandb import WandbTracker
 
 IDS = "trackers.json"
@@ -26,6 +29,8 @@ TRACKERS: dict[str, Callable[[Config, Path], Tracker]] = {
     "mlflow": lambda cfg, run_dir: MlflowTracker(cfg.run.mlflow, cfg.run.name),
 }
 """The entries of `run.trackers` that are trackers (`jsonl` and `tensorboard` are files in RUN_DIR)."""
+FINISH_S = 120.0
+"""How long the run's end waits for a tracker to send its queued rows."""
 
 
 class TrackerError(RuntimeError):
@@ -33,10 +38,11 @@ class TrackerError(RuntimeError):
 
 
 class Trackers:
-    """The run's live trackers: every row goes to each; one that raises is named in a warning and dropped."""
+    """The run's live trackers, each behind its Sender: every row is queued for each; one whose log raised is named
+    in a warning and dropped."""
 
     def __init__(self, trackers: list[Tracker] | None = None):
-        self.live = list(trackers or [])
+        self.live = [Sender(tracker) for tracker in trackers or []]
 
     def start(self, cfg: Config, run_dir: Path, resumed: bool) -> None:
         """Start every tracker of `cfg.run.trackers` with the resolved config, continuing the runs named in
@@ -57,26 +63,35 @@ class Trackers:
             except Exception as err:
                 raise TrackerError(f"run.trackers: {name} could not start its run: {type(err).__name__}: {err}") \
                     from err
-            self.live.append(tracker)
+            self.live.append(Sender(tracker))
         if self.live:
             path.write_text(json.dumps(ids, indent=1) + "\n")
 
     def log(self, step: int, row: dict[str, float | None]) -> None:
-        for tracker in list(self.live):
-            try:
-                tracker.log(step, row)
-            except Exception as err:  # noqa: BLE001 - a tracker must never stop training (it is named and dropped)
-                self._drop(tracker, f"failed to log step {step}", err)
+        for sender in list(self.live):
+            if sender.failure is None:
+                sender.send(step, row)
+            else:
+                self._drop(sender, *sender.failure)
 
     def finish(self, state: EndState) -> None:
-        for tracker in list(self.live):
-            try:
-                tracker.finish(state)
-            except Exception as err:  # noqa: BLE001 - the run's own end (and its error, if any) comes first
-                self._drop(tracker, f"failed to mark the run {state}", err)
+        """Send what is queued, then mark each tracker's run `state`."""
+        for sender in list(self.live):
+            if not sender.stop(FINISH_S):
+                self.live.remove(sender)
+                warnings.warn(f"run.trackers: {sender.tracker.name} was still sending rows {FINISH_S:.0f} s after "
+                              f"the run ended; its run is left unmarked", RuntimeWarning, stacklevel=2)
+            elif sender.failure is not None:
+                self._drop(sender, *sender.failure)
+            else:
+                try:
+                    sender.tracker.finish(state)
+                except Exception as err:  # noqa: BLE001 - the run's own end (and its error, if any) comes first
+                    self._drop(sender, None, err)
         self.live.clear()
 
-    def _drop(self, tracker: Tracker, what: str, err: Exception) -> None:
-        self.live.remove(tracker)
-        warnings.warn(f"run.trackers: {tracker.name} {what} and is disabled for the rest of this run (training goes "
-                      f"on): {type(err).__name__}: {err}", RuntimeWarning, stacklevel=3)
+    def _drop(self, sender: Sender, step: int | None, err: Exception) -> None:
+        self.live.remove(sender)
+        what = f"failed to log step {step}" if step is not None else "failed to mark its run's end"
+        warnings.warn(f"run.trackers: {sender.tracker.name} {what} and is disabled for the rest of this run "
+                      f"(training goes on): {type(err).__name__}: {err}", RuntimeWarning, stacklevel=3)
