@@ -30,7 +30,7 @@ from tests.hf_rollout import HFRolloutWorker
 from tests.test_driver_local import local_config, rows
 from tests.test_run_dir import row
 
-MLFLOW_START_S = 180  # the server imports MLflow's whole web stack: about 20 s on a busy 2-core machine
+MLFLOW_START_S = 180  # mlflow-skinny's server (Flask, SQLAlchemy): about 20 s to answer on a busy 2-core machine
 
 
 @pytest.fixture(autouse=True)
