@@ -13,7 +13,7 @@ The top floor of the training code: it imports from `distrl.loop` and below, and
 
 from __future__ import annotations
 
-from contextlib import ExitStack, closing
+from contextlib import ExitStack
 from pathlib import Path
 
 from distrl import checkpoint, preflight
@@ -54,13 +54,14 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
         # Before the run directory is claimed: a signal while it is being made (the sinks take seconds to import)
         # must find the handler, which also outlasts the cluster (entered before it, left after).
         stop = cleanup.enter_context(StopOnSignal())
-        run = cleanup.enter_context(closing(RunDir(cfg)))
+        run = cleanup.enter_context(RunDir(cfg))  # closed with the run's end state, which its trackers record
         found = resume_point(run) if cfg.run.resume else None
         done = checkpoint.driver_state(found)["step"] if found else 0
         if done >= cfg.run.steps:
             print(f"{run.path} is complete at step {done} (run.steps = {cfg.run.steps}): nothing to train; "
                   f"raise run.steps to continue it")
             return []
+        run.start_trackers(resumed=found is not None)
         with startup("cluster"):
             backend = connect(cfg.cluster)
             cleanup.callback(backend.close)

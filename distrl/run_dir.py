@@ -1,8 +1,9 @@
 """The run directory and what the user sees: resolved config, metrics sinks, progress bar, end-of-run summary.
 
-RUN_DIR = run.output_dir/run.name holds config.yaml (the resolved config), metrics.jsonl, tensorboard/ and
-checkpoints/. Those are the only paths distrl writes or deletes there: other files in RUN_DIR are the user's. A run
-that ends before logging its first step takes back what it created, so no directory is left holding no run.
+RUN_DIR = run.output_dir/run.name holds config.yaml (the resolved config), metrics.jsonl, tensorboard/, checkpoints/,
+and with `run.trackers` trackers.json (the trackers' run ids) and wandb/ (W&B's files). Those are the only paths
+distrl writes or deletes there: other files in RUN_DIR are the user's. A run that ends before logging its first step
+takes back what it created, so no directory is left holding no run.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ import statistics
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from distrl import checkpoint
 from distrl.agents.figures import episode_metrics
 from distrl.config import Config, RunConfig, to_yaml
 from distrl.metrics import JsonlSink, MetricsLogger, RayMetricsSink, Sink, TensorBoardSink
+from distrl.stop import Stopped
+from distrl.trackers import IDS, Trackers
+from distrl.trackers.base import EndState
 
 if TYPE_CHECKING:
     from distrl.cluster.weight_sync import SyncStats
@@ -37,7 +42,7 @@ RENAMES = {
 DRIVER_PHASES = ("time/advantages",)
 ALWAYS = ("loss/policy", "kl/ref", "correction/mismatch_kl", "correction/weight_mean", "clip/frac")
 SPARK = "▁▂▃▄▅▆▇█"
-OWN = ("config.yaml", "metrics.jsonl", "tensorboard", "checkpoints")
+OWN = ("config.yaml", "metrics.jsonl", "tensorboard", "checkpoints", IDS, "wandb")
 """What distrl writes in a run directory, and all that `run.overwrite` deletes."""
 
 
@@ -81,7 +86,7 @@ def reuse_problem(path: Path, run: RunConfig) -> str | None:
 
 class RunDir:
     """RUN_DIR of one run: claimed when made, written as steps are logged; `close()` removes what it created if no
-    step was logged (a run that failed to start)."""
+    step was logged (a run that failed to start). As a context manager, it closes with the run's end state."""
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -100,7 +105,27 @@ class RunDir:
             self._discard_if_empty()
             raise
         self.logger = MetricsLogger(sinks)
+        self.trackers = Trackers()
+        self.last_step = 0  # the last step logged by this process
         self._start = self._step_start = time.perf_counter()
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if isinstance(err, (Stopped, KeyboardInterrupt)):  # a signal during start-up, or a second one (StopNow)
+            state: EndState = "stopped"
+        elif err is not None:
+            state = "failed"
+        else:  # left without an error before the last step only when a signal stopped it after a step
+            state = "finished" if self.last_step >= self.cfg.run.steps else "stopped"
+        self.close(state)
+
+    def start_trackers(self, resumed: bool) -> None:
+        """Start the trackers of `run.trackers` (W&B, MLflow) with the resolved config; `resumed`: continue the
+        tracker runs this directory's earlier run had (trackers.json)."""
+        self.trackers.start(self.cfg, self.path, resumed)
 
     def _claim(self) -> tuple[list[Path], list[Path]]:
         """Create the run directory (deleting a previous run's files with `run.overwrite`). Returns the directories
@@ -189,6 +214,8 @@ class RunDir:
 
     def log(self, step: int, metrics: dict[str, float | None]) -> None:
         self.logger.log(step, metrics)
+        self.trackers.log(step, metrics)
+        self.last_step = step
         if self.bar is not None:
             self.bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}",
                                  tok_s=f"{metrics['throughput/tokens_per_s']:.0f}")
@@ -216,8 +243,10 @@ class RunDir:
         if self.cfg.run.tensorboard:
             print(f"tensorboard: tensorboard --logdir {shown / 'tensorboard'}")
 
-    def close(self) -> None:
+    def close(self, state: EndState = "finished") -> None:
+        """Close the files and the trackers' runs, marking them `state`."""
         if self.bar is not None:
             self.bar.close()
         self.logger.close()
+        self.trackers.finish(state)
         self._discard_if_empty()

@@ -106,6 +106,11 @@ BAD = [
     (["cluster.num_cpus=2", "cluster.learner.num_cpus=1.5"], "cluster.learner.num_actors x num_cpus"),
     (["loss.kl.cof=0.1"], "loss.kl.cof"),
     (["run.keep_checkpoints=0"], "run.keep_checkpoints"),
+    (["run.trackers=[tensorboard]"], "must list jsonl"),
+    (["run.trackers=[jsonl, wandb, wandb]"], "run.trackers lists wandb more than once"),
+    (["run.trackers=[jsonl, neptune]"], "run.trackers.1"),
+    (["run.mlflow.experiment=x"], "run.mlflow is set but run.trackers does not list mlflow"),
+    (["run.tensorboard=2"], "run.tensorboard must be true or false"),
 ]
 
 
@@ -174,6 +179,20 @@ def test_missing_file_and_bad_yaml(tmp_path):
         config.load(path)
 
 
+def test_run_tensorboard_is_read_as_adding_or_leaving_out_the_tensorboard_tracker(tmp_path):
+    def run(*overrides):
+        return config.load(write(tmp_path, MINIMAL), overrides).run
+
+    assert (run().trackers, run().tensorboard) == (["jsonl", "tensorboard"], True)
+    assert (run("run.tensorboard=false").trackers, run("run.tensorboard=false").tensorboard) == (["jsonl"], False)
+    listed = run("run.trackers=[jsonl, tensorboard, mlflow]", "run.tensorboard=false")
+    assert (listed.trackers, listed.tensorboard) == (["jsonl", "mlflow"], False)
+    assert run("run.trackers=[jsonl, wandb]", "run.wandb.project=p", "run.tensorboard=true").trackers == [
+        "jsonl", "wandb", "tensorboard"]
+    resolved = config.to_yaml(config.load(write(tmp_path, MINIMAL), ["run.tensorboard=false"]))
+    assert "trackers:\n  - jsonl\n" in resolved and "tensorboard" not in resolved  # one spelling in config.yaml
+
+
 def test_resolved_config_round_trips(tmp_path):
     cfg = config.load(ROOT / "configs" / "quickstart.yaml")
     again = config.from_dict(yaml.safe_load(config.to_yaml(cfg)))
@@ -205,7 +224,7 @@ def test_validate_imports_no_torch_and_reports_errors():
     code = ("import sys\nfrom distrl.cli import main\n"
             "rc = main(['validate', 'configs/quickstart.yaml', '--set', 'loss.policy.dual_clip=0.5'])\n"
             "assert rc == 2, rc\n"
-            "heavy = [m for m in ('torch', 'ray', 'vllm') if m in sys.modules]\n"
+            "heavy = [m for m in ('torch', 'ray', 'vllm', 'wandb', 'mlflow') if m in sys.modules]\n"
             "assert not heavy, heavy\n")
     result = _run(code)
     assert result.returncode == 0, result.stderr

@@ -35,6 +35,7 @@ from distrl.config.rollout import DynamicSamplingConfig, RolloutConfig, Sampling
 from distrl.config.root import Config
 from distrl.config.run import RunConfig
 from distrl.config.sources import ConfigError
+from distrl.config.trackers import MlflowConfig, WandbConfig
 
 __all__ = [
     "AlgorithmConfig",
@@ -61,6 +62,7 @@ __all__ = [
     "LearnerConfig",
     "Loop",
     "LossConfig",
+    "MlflowConfig",
     "ModelConfig",
     "PPOConfig",
     "PolicyConfig",
@@ -76,6 +78,7 @@ __all__ = [
     "SeqMaskTISCorrection",
     "Strategy",
     "SyncLoop",
+    "WandbConfig",
     "from_dict",
     "load",
     "to_yaml",

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import re
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from distrl.config.base import Section
+from distrl.config.trackers import MlflowConfig, WandbConfig
 
 # One plain path component: no separators, and no leading dot, so never `.`, `..` or a hidden directory.
 RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+Tracker = Literal["jsonl", "tensorboard", "wandb", "mlflow"]
+DEFAULT_TRACKERS: list[Tracker] = ["jsonl", "tensorboard"]
 
 
 class RunConfig(Section):
@@ -24,8 +28,15 @@ class RunConfig(Section):
     """Seed of data order, sampling and initialisation."""
     log_every: int = Field(default=1, gt=0)
     """Print a progress line every this many steps (metrics files get every step)."""
-    tensorboard: bool = True
-    """Write TensorBoard event files to RUN_DIR/tensorboard."""
+    trackers: list[Tracker] = Field(default_factory=lambda: list(DEFAULT_TRACKERS))
+    """Where every step's row goes (the resolved config and the run's end state too, where the tracker keeps a
+    run): `jsonl` (RUN_DIR/metrics.jsonl; required, since resuming reads it), `tensorboard` (RUN_DIR/tensorboard),
+    `wandb` (Weights & Biases, set up by `run.wandb`), `mlflow` (set up by `run.mlflow`). The older
+    `run.tensorboard: true|false` is still read: it adds `tensorboard` to this list or takes it out."""
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    """The W&B project, entity, tags and mode, when `run.trackers` lists `wandb`."""
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+    """The MLflow tracking server, experiment and tags, when `run.trackers` lists `mlflow`."""
     ray_metrics: bool = True
     """Export every step's figures as Ray metrics (dashboard metrics view)."""
     progress: bool = True
@@ -44,10 +55,46 @@ class RunConfig(Section):
     step 1."""
     overwrite: bool = False
     """Start afresh in a run directory that already holds a run, deleting what distrl wrote there (config.yaml,
-    metrics.jsonl, tensorboard/, checkpoints/; any other file stays). Without it (or `resume`), such a directory is
-    an error, so two runs never mix their files. With `resume` as well, a directory that holds a checkpoint is
-    resumed and only one without is started afresh (so `--set run.resume=true` continues the quickstart, which sets
-    `overwrite`)."""
+    metrics.jsonl, tensorboard/, checkpoints/, trackers.json, wandb/; any other file stays). Without it (or
+    `resume`), such a directory is an error, so two runs never mix their files. With `resume` as well, a directory
+    that holds a checkpoint is resumed and only one without is started afresh (so `--set run.resume=true` continues
+    the quickstart, which sets `overwrite`)."""
+
+    @property
+    def tensorboard(self) -> bool:
+        """Whether TensorBoard event files are written to RUN_DIR/tensorboard."""
+        return "tensorboard" in self.trackers
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_alias(cls, data: Any) -> Any:
+        # `run.tensorboard` predates `run.trackers` and is in users' configs and commands (`--set
+        # run.tensorboard=false`): it adds `tensorboard` to the list (true) or takes it out (false).
+        if not isinstance(data, dict) or "tensorboard" not in data:
+            return data
+        data = dict(data)
+        tensorboard = data.pop("tensorboard")
+        if not isinstance(tensorboard, bool):
+            raise ValueError(f"run.tensorboard must be true or false, got {tensorboard!r} (or list the trackers "
+                             f"in run.trackers)")
+        trackers = data.get("trackers", DEFAULT_TRACKERS)
+        if isinstance(trackers, list):  # anything else is for the field's own validation to report
+            data["trackers"] = [t for t in trackers if t != "tensorboard"] + (["tensorboard"] if tensorboard else [])
+        return data
+
+    @model_validator(mode="after")
+    def _trackers(self) -> RunConfig:
+        if "jsonl" not in self.trackers:
+            raise ValueError(f"run.trackers: {self.trackers} must list jsonl: RUN_DIR/metrics.jsonl is what resuming "
+                             f"and the run directory's checks read")
+        repeated = sorted({t for t in self.trackers if self.trackers.count(t) > 1})
+        if repeated:
+            raise ValueError(f"run.trackers lists {', '.join(repeated)} more than once")
+        for name, default in (("wandb", WandbConfig()), ("mlflow", MlflowConfig())):
+            if getattr(self, name) != default and name not in self.trackers:
+                raise ValueError(f"run.{name} is set but run.trackers does not list {name}: add it, e.g. "
+                                 f"run.trackers: [{', '.join([*self.trackers, name])}]")
+        return self
 
     @field_validator("name")
     @classmethod
