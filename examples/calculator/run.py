@@ -22,6 +22,8 @@ from examples.calculator.warm_start import build_model, warm_start
 
 CONFIG = Path("configs/agent-calculator.yaml")
 ARTIFACTS = Path("artifacts/calculator")
+TEMPERATURES = {"sampled": 1.0, "greedy": 0.0}
+"""Held-out evaluations: sampled at the training temperature (how often the policy calls the tool), and greedy."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
@@ -65,27 +67,31 @@ def main(argv: list[str] | None = None) -> dict:
     losses = warm_start(base, warm, train_rows, steps=args.warm_start_steps, tool_frac=args.tool_frac,
                         seed=cfg.run.seed)
     warm_s = time.perf_counter() - t
-    before = evaluate(cfg, warm, held_out)
+    before = {name: evaluate(cfg, warm, held_out, temperature=t) for name, t in TEMPERATURES.items()}
     print(f"warm start: {args.warm_start_steps} steps in {warm_s:.0f} s, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
-    print(show("held-out before GRPO", before))
+    for name, e in before.items():
+        print(show(f"held-out before GRPO, {name}", e))
 
     from distrl.driver import train
 
     t = time.perf_counter()
     history = train(cfg)
     grpo_s = time.perf_counter() - t
-    after = evaluate(cfg, trained_model(Path(cfg.run.output_dir) / cfg.run.name, warm), held_out)
+    trained = trained_model(Path(cfg.run.output_dir) / cfg.run.name, warm)
+    after = {name: evaluate(cfg, trained, held_out, temperature=t) for name, t in TEMPERATURES.items()}
     episodes = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt
     print("step  reward  tool calls/episode  turns")
-    for h in history:
-        print(f"{h['step']:4d}  {h['reward/mean']:6.3f}  {h['agent/tool_calls'] / episodes:18.2f}  "
+    for step, h in enumerate(history, start=1):
+        print(f"{step:4d}  {h['reward/mean']:6.3f}  {h['agent/tool_calls'] / episodes:18.2f}  "
               f"{h['agent/turns_mean']:5.2f}")
-    print(show("held-out before GRPO", before))
-    print(show("held-out after GRPO ", after))
+    for name in TEMPERATURES:
+        print(show(f"held-out before GRPO, {name}", before[name]))
+        print(show(f"held-out after GRPO,  {name}", after[name]))
     total_s = time.perf_counter() - began
     print(f"wall time: warm start {warm_s:.0f} s, GRPO {grpo_s:.0f} s ({len(history)} steps), total {total_s:.0f} s")
-    summary = {"warm_start_s": warm_s, "grpo_s": grpo_s, "total_s": total_s, "before": vars(before),
-               "after": vars(after), "reward": [h["reward/mean"] for h in history],
+    summary = {"warm_start_s": warm_s, "grpo_s": grpo_s, "total_s": total_s,
+               "before": {k: vars(e) for k, e in before.items()}, "after": {k: vars(e) for k, e in after.items()},
+               "reward": [h["reward/mean"] for h in history],
                "tool_calls_per_episode": [h["agent/tool_calls"] / episodes for h in history]}
     (ARTIFACTS / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
