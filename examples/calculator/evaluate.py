@@ -28,8 +28,9 @@ from distrl.config import Config
 
 class BatchedSampler:
     """The episode runner's sampler over an HF model: the turns that episodes ask for within `wait_s` of each other
-    are sampled together in one `generate` call (left-padded), at `temperature` (0: greedy). Log-probs are not
-    needed here and are left at 0."""
+    are sampled together in one `generate` call (left-padded), at `temperature` (0: greedy). The randomness is one
+    stream seeded by `seed` and advanced per call, not the episodes' own seeds: an evaluation is reproducible as a
+    whole. Log-probs are not needed here and are left at 0."""
 
     version = 0
 
