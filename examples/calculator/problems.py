@@ -3,12 +3,13 @@
 A problem is a dataset row `{"prompt": 'What is "59 + 63"?', "answer": "122"}`: two 2-digit numbers and one of
 + - *, far too many for a 2-layer model to memorise, so an answer is right only when the model copies the quoted
 expression into a calculator call and then the tool's result into its answer. The quotes make the expression's
-tokens in the prompt the same as in the call (`"59 + 63"` in both), which makes copying learnable in seconds.
+tokens in the prompt the same as in the call (`"59 + 63"` in both), which makes copying learnable in a few
+hundred steps.
 
 The warm start teaches two behaviours on disjoint examples: call the calculator, then answer with its result
 (`tool_frac` of them); or answer at once with a guess, a random number (wrong but for chance). The model then
-calls the tool on about `tool_frac` of the problems, and GRPO's reward (1 for the right final answer) has a
-decision to learn: call the tool.
+calls the tool on somewhat fewer than `tool_frac` of the problems (0.38 for 0.5), and GRPO's reward (1 for the
+right final answer) has a decision to learn: call the tool.
 """
 
 from __future__ import annotations

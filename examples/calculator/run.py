@@ -17,7 +17,7 @@ from pathlib import Path
 
 from distrl import checkpoint, config
 from examples.calculator.evaluate import Evaluation, evaluate
-from examples.calculator.problems import make_splits, read_jsonl, write_jsonl
+from examples.calculator.problems import make_splits, write_jsonl
 from examples.calculator.warm_start import build_model, warm_start
 
 CONFIG = Path("configs/agent-calculator.yaml")
@@ -63,11 +63,11 @@ def main(argv: list[str] | None = None) -> dict:
     write_jsonl(held_out, ARTIFACTS / "heldout.jsonl")
     warm = Path(cfg.model.path)
     t = time.perf_counter()
-    base = build_model(ARTIFACTS / "base", read_jsonl(cfg.data.path)[:100], seed=cfg.run.seed)
+    base = build_model(ARTIFACTS / "base", train_rows[:100], seed=cfg.run.seed)
     losses = warm_start(base, warm, train_rows, steps=args.warm_start_steps, tool_frac=args.tool_frac,
                         seed=cfg.run.seed)
     warm_s = time.perf_counter() - t
-    before = {name: evaluate(cfg, warm, held_out, temperature=t) for name, t in TEMPERATURES.items()}
+    before = {name: evaluate(cfg, warm, held_out, temperature=temp) for name, temp in TEMPERATURES.items()}
     print(f"warm start: {args.warm_start_steps} steps in {warm_s:.0f} s, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
     for name, e in before.items():
         print(show(f"held-out before GRPO, {name}", e))
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     history = train(cfg)
     grpo_s = time.perf_counter() - t
     trained = trained_model(Path(cfg.run.output_dir) / cfg.run.name, warm)
-    after = {name: evaluate(cfg, trained, held_out, temperature=t) for name, t in TEMPERATURES.items()}
+    after = {name: evaluate(cfg, trained, held_out, temperature=temp) for name, temp in TEMPERATURES.items()}
     episodes = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt
     print("step  reward  tool calls/episode  turns")
     for step, h in enumerate(history, start=1):
