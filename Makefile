@@ -33,7 +33,7 @@ quickstart: install
 
 # Lint and type check (rules in pyproject.toml, reasons in CONTRIBUTING.md); both test targets run it first.
 lint: install
-	$(VENV)/bin/ruff check distrl tests bench
+	$(VENV)/bin/ruff check distrl tests bench examples
 	$(VENV)/bin/mypy distrl
 
 test: install lint $(PROMETHEUS)
