@@ -26,6 +26,9 @@ class Sink(ABC):
     @abstractmethod
     def write(self, step: int, metrics: dict[str, float | None]) -> None: ...
 
+    def text(self, step: int, tag: str, markdown: str) -> None:  # noqa: B027 - most sinks keep figures only
+        """Record text a person reads (training samples) under `tag` at `step`."""
+
     def close(self) -> None:  # noqa: B027 - deliberately a no-op by default: a sink may hold no files
         """Flush and release files."""
 
@@ -54,6 +57,10 @@ class TensorBoardSink(Sink):
         for key, value in metrics.items():
             if value is not None:
                 self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def text(self, step: int, tag: str, markdown: str) -> None:
+        self.writer.add_text(tag, markdown, step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -92,6 +99,10 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, float | None]) -> None:
         for sink in self.sinks:
             sink.write(step, metrics)
+
+    def text(self, step: int, tag: str, markdown: str) -> None:
+        for sink in self.sinks:
+            sink.text(step, tag, markdown)
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -1,7 +1,8 @@
 """The run directory and what the user sees: resolved config, metrics sinks, progress bar, end-of-run summary.
 
 RUN_DIR = run.output_dir/run.name holds config.yaml (the resolved config), metrics.jsonl, tensorboard/, checkpoints/,
-and with `run.trackers` trackers.json (the trackers' run ids) and wandb/ (W&B's files). Those are the only paths
+samples/ (training samples to read, `run.samples_every`), eval/ (every evaluated sample, `eval`), and with
+`run.trackers` trackers.json (the trackers' run ids) and wandb/ (W&B's files). Those are the only paths
 distrl writes or deletes there: other files in RUN_DIR are the user's. A run that ends before logging its first step
 takes back what it created, so no directory is left holding no run.
 """
@@ -15,7 +16,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from distrl import checkpoint
 from distrl.agents.figures import episode_metrics
@@ -42,7 +43,7 @@ RENAMES = {
 DRIVER_PHASES = ("time/advantages",)
 ALWAYS = ("loss/policy", "kl/ref", "correction/mismatch_kl", "correction/weight_mean", "clip/frac")
 SPARK = "▁▂▃▄▅▆▇█"
-OWN = ("config.yaml", "metrics.jsonl", "tensorboard", "checkpoints", IDS, "wandb")
+OWN = ("config.yaml", "metrics.jsonl", "tensorboard", "checkpoints", IDS, "wandb", "eval", "samples")
 """What distrl writes in a run directory, and all that `run.overwrite` deletes."""
 
 
@@ -222,6 +223,16 @@ class RunDir:
         elif step % self.cfg.run.log_every == 0:
             print(f"step {step}: reward {metrics['reward/mean']:.3f}, loss {metrics['loss/policy']}, "
                   f"{metrics['throughput/tokens_per_s']:.0f} tok/s, {metrics['time/step']:.1f}s")
+
+    def write_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        """Training samples of `step` for a person to read ({prompt, completion, reward, advantage, ...}): to
+        RUN_DIR/samples/step_<N>.jsonl and TensorBoard's text tab."""
+        directory = self.path / "samples"
+        directory.mkdir(exist_ok=True)
+        (directory / f"step_{step:06d}.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+        shown = "\n\n".join(f"**reward {s['reward']:.3f}, advantage {s['advantage']:+.3f}**\n\n"
+                              f"```\n{s['prompt']}\n--- completion ---\n{s['completion']}\n```" for s in samples)
+        self.logger.text(step, "samples", shown)
 
     def checkpoint_due(self, step: int) -> bool:
         every, last = self.cfg.run.checkpoint_every, step == self.cfg.run.steps

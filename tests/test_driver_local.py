@@ -286,3 +286,28 @@ def test_episodes_of_several_sequences_train_with_the_configured_optimizer_steps
     assert [h["learner/optimizer_steps"] for h in history] == steps
     assert all(h["learner/skipped_steps"] == 0 and h["learner/tokens"] > 0 for h in history)
     assert all(0.0 <= h["reward/mean"] <= 1.0 for h in history)
+
+
+def test_samples_to_read_are_written_every_few_steps(tmp_path, tiny_model_dir):
+    """RUN_DIR/samples/step_N.jsonl holds the step's first episodes with the advantage each was trained with: for
+    the first group (the step's first 4 episodes, all of one prompt), GRPO's (r - mean) / (std + eps) of their
+    rewards; TensorBoard gets them in its text tab."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = local_config(tmp_path, tiny_model_dir, "rollout.dtype=float32", "run.steps=2", "run.samples_every=2",
+                       "run.tensorboard=true")
+    train(cfg, rollout_worker=HFRolloutWorker)
+    run = Path(cfg.run.output_dir) / cfg.run.name
+    assert sorted(p.name for p in (run / "samples").iterdir()) == ["step_000002.jsonl"]
+    samples = [json.loads(line) for line in (run / "samples" / "step_000002.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and len({s["ticket"] for s in samples}) == 1
+    assert all(s["prompt"].strip() and isinstance(s["completion"], str) for s in samples)
+    rewards = [s["reward"] for s in samples]
+    mean = sum(rewards) / 4
+    std = (sum((r - mean) ** 2 for r in rewards) / 3) ** 0.5
+    for s in samples:
+        expected = 0.0 if std == 0 else (s["reward"] - mean) / (std + cfg.algorithm.eps)
+        assert s["advantage"] == pytest.approx(expected, abs=1e-5)
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    assert "samples/text_summary" in events.Tags()["tensors"]

@@ -37,6 +37,11 @@ class RunConfig(Section):
     """The W&B project, entity, tags and mode, when `run.trackers` lists `wandb`."""
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     """The MLflow tracking server, experiment and tags, when `run.trackers` lists `mlflow`."""
+    samples_every: int = Field(default=10, ge=0)
+    """Every this many steps, write a few of the step's training samples (prompt, completion, reward, advantage)
+    to RUN_DIR/samples/step_<N>.jsonl and to TensorBoard's text tab, for a person to read; 0: never."""
+    samples_per_write: int = Field(default=4, gt=0)
+    """How many samples each such write holds (the step's first episodes)."""
     ray_metrics: bool = True
     """Export every step's figures as Ray metrics (dashboard metrics view)."""
     progress: bool = True
@@ -55,10 +60,10 @@ class RunConfig(Section):
     step 1."""
     overwrite: bool = False
     """Start afresh in a run directory that already holds a run, deleting what distrl wrote there (config.yaml,
-    metrics.jsonl, tensorboard/, checkpoints/, trackers.json, wandb/; any other file stays). Without it (or
-    `resume`), such a directory is an error, so two runs never mix their files. With `resume` as well, a directory
-    that holds a checkpoint is resumed and only one without is started afresh (so `--set run.resume=true` continues
-    the quickstart, which sets `overwrite`)."""
+    metrics.jsonl, tensorboard/, checkpoints/, trackers.json, wandb/, eval/, samples/; any other file stays).
+    Without it (or `resume`), such a directory is an error, so two runs never mix their files. With `resume` as
+    well, a directory that holds a checkpoint is resumed and only one without is started afresh (so `--set
+    run.resume=true` continues the quickstart, which sets `overwrite`)."""
 
     @property
     def tensorboard(self) -> bool:

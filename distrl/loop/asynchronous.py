@@ -81,5 +81,5 @@ def finish(job: Job, update: InFlight, push: PendingSync | None) -> PendingSync:
         pending = job.roles.sync.start(version=update.step, skip=job.producer.starting())
         job.producer.set_version(update.step)
     update.metrics.update(evaluate(job, update.step))  # the push lands meanwhile, between two engine steps
-    end_step(job, update.step, update.scored, update.produced, update.metrics, sync)
+    end_step(job, update.step, update.scored, update.batch, update.produced, update.metrics, sync)
     return pending

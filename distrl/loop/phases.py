@@ -214,9 +214,13 @@ def evaluate(job: Job, step: int) -> dict[str, float]:
     return figures
 
 
-def end_step(job: Job, step: int, scored: ScoredRollouts, produced: BatchStats, metrics: dict[str, float],
-             sync: SyncStats | None) -> None:
-    """The step's samples are trained on: mark its prompts consumed, log its row, checkpoint if due."""
+def end_step(job: Job, step: int, scored: ScoredRollouts, batch: TrainBatch, produced: BatchStats,
+             metrics: dict[str, float], sync: SyncStats | None) -> None:
+    """The step's samples are trained on: mark its prompts consumed, log its row, write a few samples to read when
+    due, checkpoint if due."""
+    every = job.cfg.run.samples_every
+    if every and step % every == 0:
+        job.run.write_samples(step, readable_samples(job, scored, batch, job.cfg.run.samples_per_write))
     job.stream.consume(scored.rollouts.group)
     metrics.update(produced.metrics())
     metrics["faults/recoveries"], job.recovered = float(job.recovered), 0
@@ -231,6 +235,19 @@ def end_step(job: Job, step: int, scored: ScoredRollouts, produced: BatchStats, 
     if job.run.checkpoint_due(step):
         with job.timer("checkpoint"):
             save_checkpoint(job)
+
+
+def readable_samples(job: Job, scored: ScoredRollouts, batch: TrainBatch, count: int) -> list[dict[str, Any]]:
+    """The first `count` episodes of the step (their first sequence): prompt, completion, reward, and the
+    advantage they were trained with (of their first trained token; 0 for a response with none)."""
+    rollouts, out = scored.rollouts, []
+    for a, _ in rollouts.episode_bounds()[:count]:
+        trained = batch.sequences.response_mask[a].nonzero()
+        advantage = float(batch.advantages[a, trained[0, 0]]) if len(trained) else 0.0
+        out.append({"prompt": job.stream.prompt(rollouts.group[a]).text, "completion": rollouts.response_texts[a],
+                    "reward": scored.rewards[a], "advantage": advantage, "ticket": rollouts.group[a],
+                    "policy_version": rollouts.policy_version[a], "finish_reason": rollouts.finish_reasons[a]})
+    return out
 
 
 def save_checkpoint(job: Job) -> Path:

@@ -36,4 +36,4 @@ def train_sync(job: Job, steps) -> None:
             job.producer.lost_in_push(sync.lost)  # before new chunks can go to a dead engine
             job.producer.set_version(step)
         metrics.update(evaluate(job, step))
-        end_step(job, step, scored, produced, metrics, sync)
+        end_step(job, step, scored, batch, produced, metrics, sync)
