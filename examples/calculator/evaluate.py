@@ -113,7 +113,7 @@ def evaluate(cfg: Config, model_dir: str | Path, rows: list[dict[str, Any]], tem
     async def episodes():
         return await asyncio.gather(*(runner.run(f"eval.{i}", [], row, 0, 0) for i, row in enumerate(rows)))
 
-    results = asyncio.run(episodes())
+    results = [first for first, *_ in asyncio.run(episodes())]  # an environment's episode is one sequence
     n = len(rows)
     return Evaluation(reward=sum(r.episode.reward or 0.0 for r in results) / n,
                       tool_use=sum(right_call(parser, r.text, row["answer"]) for r, row in zip(results, rows,
