@@ -86,7 +86,7 @@ def _evaluate(cfg: config.Config, args: argparse.Namespace) -> int:
 
     try:
         cfg, version = model_to_evaluate(cfg, args.checkpoint, args.model)
-        preflight.check(cfg)
+        preflight.check(cfg, training=False)  # the run directory may hold the run whose checkpoint this is
         output = Path(args.output or (Path(args.checkpoint) / "eval" if args.checkpoint else "eval"))
         figures = evaluate(cfg, version, output)
     except EvalError as err:

@@ -58,11 +58,15 @@ def evaluate(cfg: Config, version: int, output: Path) -> dict[str, float]:
     evaluator = Evaluator(cfg, load_tokenizer(cfg.model))
     longest = max(max((len(p.prompt_ids) for p in prompts), default=1) for _, prompts in evaluator.sets)
     worker = RolloutWorker(cfg.rollout, cfg.model, max_prompt_tokens=longest, seed=sampling_seed(cfg),
-                           num_gpus=1.0 if torch.cuda.is_available() else 0.0, environment=cfg.env)
+                           num_gpus=1.0 if torch.cuda.is_available() else 0.0, environment=cfg.env,
+                           max_new_tokens=cfg.longest_turn_tokens)
     worker.served.version = version
     sampling = cfg.eval.sampling
-    figures, samples = evaluator.run(lambda prompts, tickets: worker.generate(prompts, tickets, sampling),
-                                     lambda spec, items: score_batch(spec, items, cfg.reward.on_error))
+    try:
+        figures, samples = evaluator.run(lambda prompts, tickets: worker.generate(prompts, tickets, sampling),
+                                         lambda spec, items: score_batch(spec, items, cfg.reward.on_error))
+    finally:
+        worker.close()
     for name, part in samples.items():
         write_samples(output / f"{name}.jsonl", part)
     (output / "figures.json").write_text(json.dumps({"policy_version": version, **figures}, indent=1) + "\n")

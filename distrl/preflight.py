@@ -52,18 +52,21 @@ class PreflightError(ValueError):
         super().__init__("\n".join([head, *(f"  {p}" for p in problems)]))
 
 
-def check(cfg: Config) -> None:
-    """Raise PreflightError listing every problem found; return quietly when there is none."""
+def check(cfg: Config, training: bool = True) -> None:
+    """Raise PreflightError listing every problem found; return quietly when there is none. Without `training`
+    (`distrl eval`), what only a training run needs (its data, run directory and cluster) is left out."""
     problems: list[str] = []
     tokenizer = _model(cfg, problems)
-    _data(cfg.data, tokenizer, problems)
+    if training:
+        _data(cfg.data, tokenizer, problems)
     if cfg.env is None:
         _reward(cfg.reward, problems)
     else:
         _env(cfg.env, problems)
     _eval(cfg, problems)
-    _run_dir(cfg.run, problems)
-    _resources(cfg, problems)
+    if training:
+        _run_dir(cfg.run, problems)
+        _resources(cfg, problems)
     if problems:
         raise PreflightError(problems)
 
@@ -181,11 +184,15 @@ def _context(cfg: Config, limit: float, source: str, problems: list[str]) -> Non
             problems.append(f"rollout.max_model_len: {r.max_model_len} tokens, more than the model's context of "
                             f"{limit:.0f} ({source}, model.path {cfg.model.path}); lower it")
         return
-    prompt, response = cfg.data.max_prompt_tokens, r.sampling.max_new_tokens
+    prompt, response = cfg.longest_prompt_tokens, cfg.longest_turn_tokens
     if prompt + response > limit:
-        problems.append(f"rollout.sampling.max_new_tokens: data.max_prompt_tokens + rollout.sampling.max_new_tokens "
-                        f"= {prompt} + {response} = {prompt + response} tokens, more than the model's context of "
-                        f"{limit:.0f} ({source}, model.path {cfg.model.path}); lower either")
+        prompt_field = ("data.max_prompt_tokens" if prompt == cfg.data.max_prompt_tokens
+                        else "eval.sets' max_prompt_tokens")
+        response_field = ("rollout.sampling.max_new_tokens" if response == r.sampling.max_new_tokens
+                          else "eval.sampling.max_new_tokens")
+        problems.append(f"{response_field}: {prompt_field} + {response_field} = {prompt} + {response} = "
+                        f"{prompt + response} tokens, more than the model's context of {limit:.0f} ({source}, "
+                        f"model.path {cfg.model.path}); lower either")
 
 
 def _long_context_allowed(cfg: Config) -> bool:

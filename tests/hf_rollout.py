@@ -28,7 +28,7 @@ from distrl.workers.rollout import eval_sampling, request_seed
 class HFRolloutWorker:
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
                  num_gpus: float = 0.0, environment: EnvConfig | None = None, envs: EnvClient | None = None,
-                 max_restarts: int = 0, address: Any = None):
+                 max_restarts: int = 0, address: Any = None, max_new_tokens: int | None = None):
         self.cfg = cfg
         self.model = load_causal_lm(model, "float32").requires_grad_(False)
         self.tokenizer = load_tokenizer(model)

@@ -75,6 +75,8 @@ def test_the_eval_section_is_checked_and_sets_take_the_data_spec():
         {"name": "mine", "path": "held.jsonl", "prompt_key": "q"}]}}).eval.sets
     assert (same.subset, same.split, same.prompt, same.chat_template) == ("main", "test", "{question}", "always")
     assert (other.subset, other.split, other.prompt, other.chat_template) == (None, None, "q", "always")
+    with pytest.raises(ValueError, match=r"eval.sets\[0\] \(train\) reads the training data"):
+        config.from_dict({**hub, "eval": {"sets": [{"name": "train", "path": "openai/gsm8k"}]}})
     with pytest.raises(ValueError, match="would all be the same"):
         config.from_dict({**base, "eval": {"sets": [{"name": "a", "path": "h"}], "sampling": {"n": 4}}})
     with pytest.raises(ValueError, match=r"names must differ, \['a'\]"):
@@ -108,8 +110,21 @@ def test_held_out_sets_are_evaluated_during_training(tmp_path, tiny_model_dir, m
     for r in got:
         if r["step"] in evaluated:
             assert r["eval/toy/samples"] == 15.0 and r["eval/greedy/samples"] == 6.0 and r["time/eval"] > 0
-            if mode == "sync":
-                assert r["eval/toy/policy_version"] == r["eval/toy/policy_version_max"] == r["step"]
+            # In both loops the evaluated weights are the step's (the asynchronous one waits for that push).
+            assert r["eval/toy/policy_version"] == r["eval/toy/policy_version_max"] == r["step"]
             written = Path(cfg.run.output_dir) / cfg.run.name / "eval" / "toy" / f"step_{r['step']:06d}.jsonl"
             for key, value in recomputed(written, 3).items():
                 assert r[f"eval/toy/{key}"] == pytest.approx(value)
+
+
+def test_an_evaluation_may_sample_longer_turns_than_training(tmp_path, tiny_model_dir):
+    """eval.sampling.max_new_tokens above the training turn's is the evaluation's turn, and the engine's context
+    is sized for the longer of the two (and for the longer prompts of the two)."""
+    from distrl.agents.episode import Budget, EpisodeRunner
+
+    toy = ROOT / "configs" / "data" / "toy.jsonl"
+    cfg = config.load(ROOT / "configs" / "quickstart.yaml", [
+        f"eval.sets=[{{name: toy, path: '{toy}', max_prompt_tokens: 100}}]", "eval.sampling.max_new_tokens=40"])
+    assert (cfg.longest_prompt_tokens, cfg.longest_turn_tokens) == (100, 40)
+    runner = EpisodeRunner(object(), object(), Budget.of(16, None, 200)).resampled(object(), 40)
+    assert (runner.budget.max_new_tokens, runner.budget.max_tokens) == (40, 40)

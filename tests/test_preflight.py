@@ -290,10 +290,12 @@ def test_the_tool_parsers_read_without_importing_vllm_are_vllms_own():
 
 
 def test_held_out_sets_are_read_and_their_rewards_resolved(tiny_model_dir, toy_dataset, tmp_path):
-    sets = [{"name": "ok", "path": str(toy_dataset)}, {"name": "gone", "path": str(tmp_path / "gone.jsonl")},
-            {"name": "wrong", "path": str(toy_dataset), "reward": "tests.nowhere:score"}]
+    held = toy_dataset.with_name("held.jsonl")
+    held.write_text(toy_dataset.read_text())
+    sets = [{"name": "ok", "path": str(held)}, {"name": "gone", "path": str(tmp_path / "gone.jsonl")},
+            {"name": "wrong", "path": str(held), "reward": "tests.nowhere:score"}]
     found = problems(make_cfg(tiny_model_dir, toy_dataset, tmp_path, eval={"sets": sets}))
     assert [p.split(":")[0] for p in found] == ["eval.sets[1] (gone).path", "eval.sets[2] (wrong).reward"]
     env = make_cfg(tiny_model_dir, toy_dataset, tmp_path, env={"class": "tests.agent_envs:Chatter"},
-                   eval={"sets": [{"name": "e", "path": str(toy_dataset), "reward": "distrl.workers.rewards:toy"}]})
+                   eval={"sets": [{"name": "e", "path": str(held), "reward": "distrl.workers.rewards:toy"}]})
     assert [p for p in problems(env) if "scored by the environment" in p]

@@ -207,6 +207,9 @@ def test_score_batch_configuration_errors_are_not_per_sample(plugin):
     ("5", "The length is \\boxed{5\\text{ cm}}", 1.0, "5", "boxed"),
     ("#### -3", "answer: -3", 1.0, "-3", "text"),
     ("#### 72", "It is 71 clips.", 0.0, "71", "text"),
+    ("#### 72", "#### 72. That is 3 more than 69.", 1.0, "72", "####"),  # the number right after the marker
+    ("#### 1,234", "#### $1,234 in all", 1.0, "1234", "####"),
+    ("#### 0.5", "#### 1/2", 1.0, "1/2", "####"),  # a fraction after the marker is read whole
 ])
 def test_math_answer_checks_answers_with_math_verify(reference, completion, reward, answer, extraction):
     from distrl.workers.rewards import math_answer

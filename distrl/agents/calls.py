@@ -19,10 +19,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from distrl.agents.chat import ChatRenderer
+from distrl.agents.chat import ChatRenderer, ChatTemplateError
 from distrl.agents.episode import Budget, EpisodeResult, Trajectory, TurnSampler, drift, turn_seed
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.types import Episode
+
+UNSERVED = ("stop", "response_format", "logit_bias", "guided_json", "guided_regex")
+"""Request fields that would change what is sampled, which distrl cannot honour and train on faithfully: refused
+by name rather than ignored. Sampling fields (`temperature`, `top_p`, `seed`, ...) are ignored, documented."""
 
 
 class CallRefused(Exception):
@@ -69,6 +73,10 @@ def template_message(message: dict[str, Any]) -> dict[str, Any]:
         out["name"] = message["name"]
     calls = message.get("tool_calls") or []
     if calls:
+        if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                                  and isinstance(c["function"].get("name"), str) for c in calls):
+            raise CallRefused(400, f"a message's tool_calls must be a list of {{'function': {{'name', "
+                                   f"'arguments'}}}}, got {calls!r}")
         out["tool_calls"] = [{"type": "function", "id": c.get("id", ""),
                               "function": {"name": c["function"]["name"],
                                            "arguments": _arguments(c["function"].get("arguments"))}}
@@ -121,6 +129,7 @@ class AgentCalls:
         self.sequences: list[_Sequence] = []
         self.tally = _Tally()
         self.cut: str | None = None
+        self.failure: Exception | None = None  # the engine's error while serving a call
         self.closed = False
 
     async def complete(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +141,10 @@ class AgentCalls:
             self.cut = self.cut or "max_turns"
             raise CallRefused(400, f"the episode made env.max_turns = {self.budget.max_turns} calls already",
                               "max_turns")
-        seq, prompt_ids = self._sequence(messages, tools)
+        try:
+            seq, prompt_ids = self._sequence(messages, tools)
+        except ChatTemplateError as err:
+            raise CallRefused(400, f"the messages cannot be rendered by the model's chat template: {err}") from err
         seq.busy = True
         try:
             over = self._over(prompt_ids, seq)
@@ -145,7 +157,11 @@ class AgentCalls:
             index = self.tally.calls
             self.tally.calls += 1
             began = time.perf_counter()
-            turn = await self.sampler.sample(prompt_ids, room, turn_seed(self.seed, self.sample, index))
+            try:
+                turn = await self.sampler.sample(prompt_ids, room, turn_seed(self.seed, self.sample, index))
+            except Exception as err:
+                self.failure = err  # the engine's, not the agent's: the episode raises it (see EpisodeRunner._agent)
+                raise
             self.tally.in_calls_s += time.perf_counter() - began
         finally:
             seq.busy = False
@@ -176,6 +192,10 @@ class AgentCalls:
     def _read(self, request: dict[str, Any]) -> tuple[list[dict], list[dict], int]:
         if request.get("stream"):
             raise CallRefused(400, "streaming is not served: call with stream=False")
+        for name in UNSERVED:
+            if request.get(name):
+                raise CallRefused(400, f"'{name}' is not served: the job samples with rollout.sampling, and a "
+                                       f"turn ends at the end-of-turn token or max_tokens")
         if request.get("n", 1) != 1:
             raise CallRefused(400, "n must be 1: the job runs each prompt's agent rollout.n_samples_per_prompt times")
         raw = request.get("messages")

@@ -178,8 +178,10 @@ class EpisodeRunner:
         self.end_of_turn, self.max_restarts, self.endpoint = end_of_turn, max_restarts, endpoint
 
     def resampled(self, sampler: TurnSampler, max_new_tokens: int) -> EpisodeRunner:
-        """The same runner sampling its turns with `sampler`, `max_new_tokens` a turn (an evaluation's)."""
-        budget = dataclasses.replace(self.budget, max_new_tokens=max_new_tokens)
+        """The same runner sampling its turns with `sampler`, `max_new_tokens` a turn (an evaluation's); a one-turn
+        episode's token budget is its turn."""
+        budget = dataclasses.replace(self.budget, max_new_tokens=max_new_tokens,
+                                     max_tokens=self.budget.max_tokens if self.envs is not None else max_new_tokens)
         return EpisodeRunner(sampler, self.chat, budget, self.envs, self.parser, self.end_of_turn, self.max_restarts,
                              self.endpoint)
 
@@ -224,12 +226,16 @@ class EpisodeRunner:
         except EnvTimeout:
             calls.cut = calls.cut or "env_timeout"
         except EnvError:
-            if calls.cut is None:  # an agent that fails on a call refused for its budget was cut, not broken
+            # An agent that fails on a call refused for its budget was cut, not broken; one that fails because the
+            # engine failed serving it is the engine's failure (raised below).
+            if calls.cut is None and calls.failure is None:
                 raise
         except EnvFailed:
             calls.cut = calls.cut or "env_error"
         finally:
             self.endpoint.close(episode_id)
+        if calls.failure is not None:
+            raise calls.failure
         return calls.results(reward, prompt_ids, time.perf_counter() - began)
 
     def _room(self, traj: Trajectory) -> int:

@@ -35,6 +35,7 @@ class AgentServer:
         self._paths: dict[str, str] = {}  # episode -> its URL path
         self.url = ""
         self._runner: Any = None
+        self._listening: Any = None  # the asyncio server of the listening socket
 
     async def start(self, host: str) -> str:
         """Listen on a free port of `host`; returns the server's URL."""
@@ -47,6 +48,7 @@ class AgentServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, 0)
         await site.start()
+        self._listening = site._server
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://{host}:{port}"
         return self.url
@@ -55,6 +57,12 @@ class AgentServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    def stop_listening(self) -> None:
+        """Close the listening socket at once, on the server's loop (its worker is going away with the loop)."""
+        if self._listening is not None:
+            self._listening.close()
+            self._listening = None
 
     def open(self, episode: str, calls: AgentCalls) -> str:
         """Serve episode `episode`'s calls with `calls`; returns its base URL."""

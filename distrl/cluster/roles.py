@@ -136,7 +136,8 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
     rollout = start_group(
         backend, rollout_worker, "rollout", c.rollout, placements["rollout"], run_name=name,
         env=actor_env("rollout", cfg, ENGINE_ENV),
-        init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.data.max_prompt_tokens,
+        init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.longest_prompt_tokens,
+                                                       max_new_tokens=cfg.longest_turn_tokens,
                                                        seed=sampling_seed(cfg), num_gpus=c.rollout.num_gpus,
                                                        environment=cfg.env, envs=envs,
                                                        max_restarts=c.recovery.max_restarts,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from distrl.config.base import Section
@@ -9,6 +11,8 @@ from distrl.config.model import DataConfig
 
 
 class EvalSamplingConfig(Section):
+    """How held-out answers are sampled; `top_k` and stop strings are the rollout's (`rollout.sampling`)."""
+
     n: int = Field(default=1, gt=0)
     """Samples per prompt: pass@k is reported for every k up to n."""
     temperature: float = Field(default=0.0, ge=0.0)
@@ -36,8 +40,8 @@ class EvalSetConfig(DataConfig):
     reward: str | None = None
     """Reward function of this set, `package.module:function`; null: `reward.function` (with an `env` section, the
     environment's reward)."""
-    shuffle: bool = False
-    """Not used: a held-out set is evaluated in its own order."""
+    shuffle: Literal[False] = False
+    """A held-out set is evaluated in its own order (`limit` takes its first prompts): never shuffled."""
 
 
 class EvalConfig(Section):

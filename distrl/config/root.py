@@ -52,6 +52,18 @@ class Config(Section):
     """Steps, seed, outputs."""
 
     @property
+    def longest_prompt_tokens(self) -> int:
+        """The longest prompt an engine is given: `data.max_prompt_tokens`, or an eval set's if longer."""
+        sets = self.eval.sets if self.eval is not None else []
+        return max([self.data.max_prompt_tokens, *(s.max_prompt_tokens for s in sets)])
+
+    @property
+    def longest_turn_tokens(self) -> int:
+        """The longest turn an engine samples: `rollout.sampling.max_new_tokens`, or the evaluation's if longer."""
+        evaluation = self.eval.sampling.max_new_tokens if self.eval is not None else None
+        return max(self.rollout.sampling.max_new_tokens, evaluation or 0)
+
+    @property
     def global_batch_size(self) -> int:
         """Sequences per step: prompts_per_step x n_samples_per_prompt."""
         return self.rollout.prompts_per_step * self.rollout.n_samples_per_prompt
@@ -123,6 +135,15 @@ class Config(Section):
 
         sets = [inherited(s) if isinstance(s, dict) else s for s in tree["eval"]["sets"]]
         return {**tree, "eval": {**tree["eval"], "sets": sets}}
+
+    @model_validator(mode="after")
+    def _held_out_is_held_out(self) -> Config:
+        source = ("path", "subset", "split", "revision")
+        for i, s in enumerate(self.eval.sets if self.eval is not None else []):
+            if all(getattr(s, k) == getattr(self.data, k) for k in source):
+                raise ValueError(f"eval.sets[{i}] ({s.name}) reads the training data ({s.path}, split "
+                                 f"{s.split or 'train'}): give it its own split or path")
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:  # noqa: PLR0912 - one flat list of independent checks, each one branch

@@ -70,16 +70,22 @@ def train_async(job: Job, steps) -> None:
         job.roles.sync.finish(push)
 
 
-def finish(job: Job, update: InFlight, push: PendingSync | None) -> PendingSync:
-    """Wait for `update`, start pushing its weights (the engines switch between chunks), log its row."""
+def finish(job: Job, update: InFlight, push: PendingSync | None) -> PendingSync | None:
+    """Wait for `update`, start pushing its weights (the engines switch between chunks), log its row; the push
+    is waited for here when an evaluation of those weights is due (then None is returned)."""
     with job.timer("update"):
         update.metrics.update(finish_update(job, update.handles, update.batch, update.step))
     with job.timer("sync"):
         sync = job.roles.sync.finish(push) if push is not None else None  # the previous push, long done by now
         if sync is not None:
             job.producer.lost_in_push(sync.lost)  # replaced before this push, so that it reaches the new engines
-        pending = job.roles.sync.start(version=update.step, skip=job.producer.starting())
+        started = job.roles.sync.start(version=update.step, skip=job.producer.starting())
         job.producer.set_version(update.step)
-    update.metrics.update(evaluate(job, update.step))  # the push lands meanwhile, between two engine steps
+        pending: PendingSync | None = started
+        if job.evaluator is not None and job.evaluator.due(update.step):
+            # An evaluation is of the weights of its step: they are in every engine before it starts.
+            job.producer.lost_in_push(job.roles.sync.finish(started).lost)
+            pending = None
+    update.metrics.update(evaluate(job, update.step))
     end_step(job, update.step, update.scored, update.batch, update.produced, update.metrics, sync)
     return pending

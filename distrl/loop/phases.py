@@ -187,9 +187,9 @@ def finish_update(job: Job, handles: Updating, batch: TrainBatch, step: int) -> 
 def evaluate(job: Job, step: int) -> dict[str, float]:
     """The held-out sets' figures of the weights of `step` when `eval` says it is due (else none); every sample is
     written to RUN_DIR/eval/<set>/step_<N>.jsonl. The prompts are spread over the rollout actors in contiguous
-    parts, and waited for through the producer: in the asynchronous loop the engines go on with training chunks
-    beside them (an evaluation's episodes join the engines' batches), and a push still landing shows in
-    `eval/<set>/policy_version` (the oldest version that sampled a token). Its time is `time/eval`."""
+    parts, and waited for through the producer: in the asynchronous loop (which has waited for the step's push)
+    the engines go on with training chunks beside them, an evaluation's episodes joining the engines' batches.
+    `eval/<set>/policy_version` is the oldest version that sampled a token. Its time is `time/eval`."""
     if job.evaluator is None or not job.evaluator.due(step):
         return {}
     group, backend, cfg = job.roles.rollout, job.roles.backend, job.cfg

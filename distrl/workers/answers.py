@@ -9,9 +9,13 @@ environment's reward in a worker thread) it runs without its time limit.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any
+
+_LEADING_NUMBER = re.compile(r"\s*\$?\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)(?![\d/])")
+"""A number at the start of what follows `####` (thousands commas, decimals; not the numerator of a fraction)."""
 
 PARSE_TIMEOUT_S = 5
 """math-verify's own limit on parsing or comparing one answer."""
@@ -41,13 +45,16 @@ def _timeout() -> int | None:
 
 
 def extract(text: str) -> Answer:
-    """The answer in `text`: what follows its last `####` if it has one, else math-verify's extraction (the last
-    `\\boxed{}` first, then LaTeX, then a plain expression)."""
+    """The answer in `text`: after its last `####` the number that follows (else that line), otherwise
+    math-verify's extraction (the last `\\boxed{}` first, then LaTeX, then a plain expression)."""
     from math_verify import parse
 
     how = "####" if "####" in text else "boxed" if "\\boxed" in text else "text"
     if how == "####":
-        text = text.rsplit("####", 1)[1].strip()
+        # GSM8K's answer is the number right after the marker: "#### 72. That is 3 more than 69." answers 72.
+        after = text.rsplit("####", 1)[1]
+        leading = _LEADING_NUMBER.match(after)
+        text = leading.group(1) if leading else after.strip().split("\n", 1)[0]
     parsed = parse(text, parsing_timeout=_timeout())
     return Answer(parsed, str(parsed[0]) if parsed else None, how)
 

@@ -84,6 +84,13 @@ async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: lis
     return as_rollouts(results, groups, n, worker.policy_version)
 
 
+def _end_worker(engine: EngineLoop, serving: list[AgentServer]) -> None:
+    """Close the agents' endpoint's listening socket, then end the engine's loop (both on the loop, in order)."""
+    for server in serving:
+        engine.loop.call_soon_threadsafe(server.stop_listening)
+    engine.stop()
+
+
 def sampling_params(s: SamplingConfig, max_tokens: int, seed: int) -> Any:
     """One turn's `SamplingParams`. vLLM detokenizes every sampled token, and every log-prob's token, as it goes: on
     a small model that costs more than the forward passes, so only stop strings get it (the turn is decoded once at
@@ -127,7 +134,8 @@ class RolloutWorker:
 
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
                  num_gpus: float = 0.0, environment: EnvConfig | None = None, envs: EnvClient | None = None,
-                 max_restarts: int = 0, address: Callable[[], str] = lambda: "127.0.0.1"):
+                 max_restarts: int = 0, address: Callable[[], str] = lambda: "127.0.0.1",
+                 max_new_tokens: int | None = None):
         for key, value in ENGINE_ENV.items():
             os.environ.setdefault(key, value)
         from vllm import LLM
@@ -136,6 +144,7 @@ class RolloutWorker:
         self.cfg = cfg
         self.seed = seed
         self.served = Served()
+        self._serving: list[AgentServer] = []  # the endpoint, once it listens (closed with the worker)
         self._torn: str | None = None  # why the engine may not serve (see load_weights)
         self.on_gpu = on_gpu = granted_device(num_gpus, "rollout") == "cuda"
         engine_args: dict[str, Any] = dict(
@@ -144,9 +153,10 @@ class RolloutWorker:
             trust_remote_code=model.trust_remote_code,
             dtype=cfg.dtype,
             seed=seed,
-            # One-turn episodes need the longest prompt and response; multi-turn ones, the model's own context.
-            max_model_len=cfg.max_model_len or (None if environment
-                                                else max_prompt_tokens + cfg.sampling.max_new_tokens),
+            # One-turn episodes need the longest prompt and turn (`max_new_tokens`: an evaluation's may be longer
+            # than training's); multi-turn ones, the model's own context.
+            max_model_len=cfg.max_model_len or (None if environment else
+                                                max_prompt_tokens + (max_new_tokens or cfg.sampling.max_new_tokens)),
             enforce_eager=cfg.enforce_eager,
             tensor_parallel_size=cfg.tensor_parallel_size,
             logprobs_mode="processed_logprobs",
@@ -161,7 +171,8 @@ class RolloutWorker:
             engine_args.update(kv_cache_memory_bytes=cfg.kv_cache_bytes, distributed_executor_backend="uni",
                                enable_chunked_prefill=False)
         self.engine = EngineLoop(lambda: LLM(**engine_args))
-        weakref.finalize(self, self.engine.stop)  # the engine's thread (which holds the engine) ends with the worker
+        # The engine's thread (which holds the engine) ends with the worker, and so does the agents' endpoint.
+        self._end = weakref.finalize(self, _end_worker, self.engine, self._serving)
         self.llm = self.engine.engine
         self.tokenizer = self.llm.get_tokenizer()
         served, decode = self.served, functools.partial(self.tokenizer.decode, skip_special_tokens=True)
@@ -181,12 +192,17 @@ class RolloutWorker:
             if e.agent is not None:
                 self.endpoint = AgentServer()
                 self.engine.run(self.endpoint.start(address()))
+                self._serving.append(self.endpoint)
         self.runner = EpisodeRunner(self.stepper, ChatRenderer(self.tokenizer), budget, hosts, parser,
                                     self.tokenizer.eos_token_id, max_restarts, self.endpoint)
 
     @property
     def policy_version(self) -> int:
         return self.served.version
+
+    def close(self) -> None:
+        """Stop listening for agents and end the engine's thread (also done when the worker is collected)."""
+        self._end()
 
     def generate(self, prompts: list[Prompt], groups: list[int],
                  sampling: EvalSamplingConfig | None = None) -> Rollouts:

@@ -52,6 +52,14 @@ class BatchedSampler:
 
     def _flush(self) -> None:
         batch, self.pending = self.pending, []
+        try:
+            self._generate(batch)
+        except Exception as err:  # noqa: BLE001 - each waiting episode raises it (a loop callback cannot)
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(err)
+
+    def _generate(self, batch: list) -> None:
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         width = max(len(ids) for ids, _, _ in batch)
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _, _ in batch])

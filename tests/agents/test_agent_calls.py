@@ -153,6 +153,8 @@ def test_calls_past_the_budgets_are_refused_and_the_episode_recorded_as_cut(toke
     ({"messages": []}, "'messages' must be a non-empty list"),
     ({"messages": [{"content": "x"}]}, "every message needs a 'role'"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text content parts"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"name": "f"}]}]}, "tool_calls must be a list of"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": ["Observation:"]}, "'stop' is not served"),
 ])
 def test_requests_distrl_cannot_serve_are_refused_with_the_reason(tokenizer, body, message):
     with pytest.raises(CallRefused, match=message):
@@ -204,12 +206,21 @@ class Hosted:
         self.host.end(episode)
 
 
-def play(tokenizer, texts, spec, kwargs=None, timeout=10.0, on_error="raise", budget=BUDGET):
+class Failing(Texts):
+    """An engine that fails at its second turn."""
+
+    async def sample(self, prompt_ids, max_tokens, seed):
+        if self.prompts:
+            raise RuntimeError("the engine failed earlier: out of KV cache blocks")
+        return await super().sample(prompt_ids, max_tokens, seed)
+
+
+def play(tokenizer, texts, spec, kwargs=None, timeout=10.0, on_error="raise", budget=BUDGET, sampler_class=Texts):
     async def scenario():
         server = AgentServer()
         await server.start("127.0.0.1")
         try:
-            sampler = Texts(tokenizer, texts)
+            sampler = sampler_class(tokenizer, texts)
             runner = EpisodeRunner(sampler, ChatRenderer(tokenizer), budget,
                                    Hosted(AgentHost(spec, kwargs or {}, timeout, on_error)),
                                    ToolCallParser("hermes", tokenizer), tokenizer.eos_token_id, endpoint=server)
@@ -254,3 +265,12 @@ def test_agent_functions_are_checked_when_named():
         resolve_agent("tests.agent_envs:TOOLS")
     with pytest.raises(ValueError, match=r"must take \(client, row\)"):
         resolve_agent("tests.agent_envs:rowless_agent")
+
+
+def test_an_engine_failure_is_raised_as_itself_not_blamed_on_the_agent(tokenizer):
+    """The agent sees an HTTP 500 and raises; the episode raises the engine's error, which env.on_error: zero
+    would otherwise have scored 0 and hidden."""
+    for on_error in ("raise", "zero"):
+        with pytest.raises(RuntimeError, match="out of KV cache blocks"):
+            play(tokenizer, [CALL, "x"], "tests.agent_envs:tool_agent", {"turns": 2}, on_error=on_error,
+                 sampler_class=Failing)

@@ -6,6 +6,7 @@ endpoints."""
 
 import gc
 import json
+import socket
 
 import pytest
 
@@ -24,6 +25,10 @@ def worker(tiny_model_dir):
     env = EnvConfig.model_validate({"agent": "tests.agent_envs:tool_agent", "kwargs": {"turns": 2, "fresh": True}})
     worker = RolloutWorker(cfg.rollout, cfg.model, max_prompt_tokens=64, seed=3, environment=env)
     yield worker
+    host, port = worker.endpoint.url.removeprefix("http://").split(":")
+    worker.close()  # the endpoint stops listening with its worker
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=5).close()
     del worker
     gc.collect()
 

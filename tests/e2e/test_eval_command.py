@@ -20,9 +20,10 @@ def test_a_checkpoint_is_evaluated_without_training(tmp_path, tiny_model_dir, ca
     capsys.readouterr()  # the run's own output
     step = tmp_path / cfg.run.name / "checkpoints" / "step_000002"
     sets = f'eval.sets=[{{"name": "toy", "path": "{TOY}", "limit": 6}}]'
+    # The run's own settings: its directory holds the run (no overwrite), which evaluation leaves alone.
     args = ["eval", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--set", f"model.path={tiny_model_dir}",
-            "--set", f"run.output_dir={tmp_path}", "--set", "eval.sampling.n=4", "--set",
-            "eval.sampling.temperature=1.0", "--set", sets, "--checkpoint", str(step)]
+            "--set", f"run.output_dir={tmp_path}", "--set", "run.overwrite=false", "--set", "eval.sampling.n=4",
+            "--set", "eval.sampling.temperature=1.0", "--set", sets, "--checkpoint", str(step)]
     assert main(args) == 0
     out = capsys.readouterr().out
     printed = json.loads(out[out.rindex("{\n"):])  # after vLLM's own lines, when it was imported before
