@@ -8,6 +8,7 @@ figures to `<output>/figures.json`.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from pathlib import Path
@@ -67,6 +68,10 @@ def evaluate(cfg: Config, version: int, output: Path) -> dict[str, float]:
                                          lambda spec, items: score_batch(spec, items, cfg.reward.on_error))
     finally:
         worker.close()
+        # vLLM tears down process-wide state (its parallel groups) when its engine is collected: now, not under a
+        # later engine of this process.
+        del worker
+        gc.collect()
     for name, part in samples.items():
         write_samples(output / f"{name}.jsonl", part)
     (output / "figures.json").write_text(json.dumps({"policy_version": version, **figures}, indent=1) + "\n")

@@ -55,7 +55,10 @@ class EngineLoop:
         """Run `coroutine` on the engine's loop in the background (the stepper's loop)."""
         self.loop.call_soon_threadsafe(lambda: self.loop.create_task(coroutine))  # type: ignore[arg-type]
 
-    def stop(self) -> None:
-        """End the loop (the engine is released with the thread)."""
+    def stop(self, wait_s: float = 0.0) -> None:
+        """End the loop (the engine is released with the thread); wait up to `wait_s` for the thread to end (not
+        when called on it, as a collection there may)."""
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
+        if wait_s and threading.current_thread() is not self._thread:
+            self._thread.join(wait_s)

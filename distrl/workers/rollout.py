@@ -85,10 +85,11 @@ async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: lis
 
 
 def _end_worker(engine: EngineLoop, serving: list[AgentServer]) -> None:
-    """Close the agents' endpoint's listening socket, then end the engine's loop (both on the loop, in order)."""
+    """Close the agents' endpoint's listening socket, then end the engine's loop (both on the loop, in order), and
+    wait for it: once a worker is closed, its port refuses connections."""
     for server in serving:
         engine.loop.call_soon_threadsafe(server.stop_listening)
-    engine.stop()
+    engine.stop(wait_s=30.0)
 
 
 def sampling_params(s: SamplingConfig, max_tokens: int, seed: int) -> Any:

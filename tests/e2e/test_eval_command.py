@@ -39,7 +39,7 @@ def test_a_checkpoint_is_evaluated_without_training(tmp_path, tiny_model_dir, ca
 def test_what_cannot_be_evaluated_is_named(tmp_path, tiny_model_dir, capsys):
     base = ["eval", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--set", f"model.path={tiny_model_dir}",
             "--set", f"run.output_dir={tmp_path}"]
-    assert main(base) == 2
+    assert main([*base, "--set", "eval=null"]) == 2
     assert "the config has no eval section" in capsys.readouterr().err
     sets = f'eval.sets=[{{"name": "toy", "path": "{TOY}"}}]'
     assert main([*base, "--set", sets, "--checkpoint", str(tmp_path / "nowhere")]) == 2
