@@ -8,6 +8,7 @@ figures to `<output>/figures.json`.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -62,10 +63,10 @@ def evaluate(cfg: Config, version: int, output: Path) -> dict[str, float]:
                            num_gpus=1.0 if torch.cuda.is_available() else 0.0, environment=cfg.env,
                            max_new_tokens=cfg.longest_turn_tokens)
     worker.served.version = version
-    sampling = cfg.eval.sampling
+    sampling, on_error = cfg.eval.sampling, cfg.reward.on_error
     try:
-        figures, samples = evaluator.run(lambda prompts, tickets: worker.generate(prompts, tickets, sampling),
-                                         lambda spec, items: score_batch(spec, items, cfg.reward.on_error))
+        figures, samples = evaluator.run(functools.partial(worker.generate, sampling=sampling),
+                                         functools.partial(score_batch, on_error=on_error))
     finally:
         worker.close()
         # vLLM tears down process-wide state (its parallel groups) when its engine is collected: now, not under a
