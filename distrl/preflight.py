@@ -226,7 +226,9 @@ def _eval(cfg: Config, problems: list[str]) -> None:
         try:
             check_rows(s)
         except DataError as err:
-            problems.append(f"{field}.path: {err}")
+            # The data section's checks name its fields; here they are this set's.
+            problems.append(f"{err.field.replace('data.', f'eval.sets[{i}].', 1)} ({s.name}): "
+                            f"{str(err).replace('data.', f'eval.sets[{i}].')}")
         if s.reward is None:
             continue
         if cfg.env is not None:

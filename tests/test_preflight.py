@@ -295,7 +295,11 @@ def test_held_out_sets_are_read_and_their_rewards_resolved(tiny_model_dir, toy_d
     sets = [{"name": "ok", "path": str(held)}, {"name": "gone", "path": str(tmp_path / "gone.jsonl")},
             {"name": "wrong", "path": str(held), "reward": "tests.nowhere:score"}]
     found = problems(make_cfg(tiny_model_dir, toy_dataset, tmp_path, eval={"sets": sets}))
-    assert [p.split(":")[0] for p in found] == ["eval.sets[1] (gone).path", "eval.sets[2] (wrong).reward"]
+    assert [p.split(":")[0] for p in found] == ["eval.sets[1].path (gone)", "eval.sets[2] (wrong).reward"]
+    columns = make_cfg(tiny_model_dir, toy_dataset, tmp_path,
+                       eval={"sets": [{"name": "q", "path": str(held), "prompt": "{question}"}]})
+    [problem] = problems(columns)
+    assert problem.startswith("eval.sets[0].prompt (q): ") and "the template eval.sets[0].prompt names" in problem
     env = make_cfg(tiny_model_dir, toy_dataset, tmp_path, env={"class": "tests.agent_envs:Chatter"},
                    eval={"sets": [{"name": "e", "path": str(held), "reward": "distrl.workers.rewards:toy"}]})
     assert [p for p in problems(env) if "scored by the environment" in p]
