@@ -250,6 +250,11 @@ class RunDir:
         print(f"mean reward, first {k} step(s): {statistics.fmean(rewards[:k]):.3f}  ->  "
               f"last {k} step(s): {statistics.fmean(rewards[-k:]):.3f}")
         shown = Path(self.cfg.run.output_dir) / self.cfg.run.name  # as the user wrote it
+        for key in sorted({k for h in history for k in h if k.startswith("eval/") and k.endswith("/accuracy")}):
+            held = [(h["step"], h[key]) for h in history if h.get(key) is not None]
+            name = key.removeprefix("eval/").removesuffix("/accuracy")
+            print(f"held-out {name}: accuracy " + " -> ".join(f"{v:.3f} (step {s})" for s, v in held)
+                  + f"; samples in {shown / 'eval' / name}")
         print(f"metrics: {shown / 'metrics.jsonl'}")
         if self.cfg.run.tensorboard:
             print(f"tensorboard: tensorboard --logdir {shown / 'tensorboard'}")

@@ -23,6 +23,7 @@ def test_quickstart_learns(tmp_path):
                             check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "mean reward, first" in result.stdout and "metrics.jsonl" in result.stdout
+    assert "held-out toy-heldout: accuracy " in result.stdout
 
     rows = [json.loads(line) for line in (tmp_path / "quickstart" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 30 and rows[0].keys() >= REQUIRED_KEYS
