@@ -85,11 +85,21 @@ async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: lis
 
 
 def _end_worker(engine: EngineLoop, serving: list[AgentServer]) -> None:
-    """Close the agents' endpoint's listening socket, then end the engine's loop (both on the loop, in order), and
-    wait for it: once a worker is closed, its port refuses connections."""
-    for server in serving:
-        engine.loop.call_soon_threadsafe(server.stop_listening)
+    """Close the agents' endpoint's listening socket, shut the vLLM engine down, then end the engine's loop (all on
+    the loop, in order), and wait for it: once a worker is closed, its port refuses connections.
+
+    vLLM's in-process engine core tears down process-wide state (its model-parallel groups) when it shuts down, and
+    freezes the garbage collector's view of its objects until then: left to a later collection, that shutdown
+    could land under another engine of this process (tests, `distrl eval`) and break it."""
+    if engine.loop.is_running():
+        for server in serving:
+            engine.loop.call_soon_threadsafe(server.stop_listening)
+        engine.loop.call_soon_threadsafe(_shut_down, engine.engine)
     engine.stop(wait_s=30.0)
+
+
+def _shut_down(llm: Any) -> None:
+    llm.llm_engine.engine_core.shutdown()  # once: later calls (and vLLM's own finalizer) do nothing
 
 
 def sampling_params(s: SamplingConfig, max_tokens: int, seed: int) -> Any:
