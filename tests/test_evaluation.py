@@ -97,13 +97,16 @@ def recomputed(path: Path, n: int) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_held_out_sets_are_evaluated_during_training(tmp_path, tiny_model_dir, mode):
+def test_held_out_sets_are_evaluated_during_training(tmp_path, tiny_model_dir, mode, capsys):
     toy = ROOT / "configs" / "data" / "toy.jsonl"
     cfg = local_config(tmp_path, tiny_model_dir, "rollout.dtype=float32", f"loop.mode={mode}",
                        "eval.every=2", "eval.sampling.n=3", "eval.sampling.temperature=1.0",
                        f'eval.sets=[{{"name": "toy", "path": "{toy}", "limit": 5}}, '
                        f'{{"name": "greedy", "path": "{toy}", "limit": 2}}]')
-    train(cfg, rollout_worker=HFRolloutWorker)
+    history = train(cfg, rollout_worker=HFRolloutWorker)
+    assert [h["step"] for h in history] == [1, 2, 3, 4]
+    printed = capsys.readouterr().out  # the summary: every evaluation of each set
+    assert "held-out toy: accuracy " in printed and "(step 2) -> " in printed and "(step 4); samples in" in printed
     got = rows(cfg)
     evaluated = [r["step"] for r in got if "eval/toy/accuracy" in r]
     assert evaluated == [2, 4]

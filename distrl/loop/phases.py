@@ -228,7 +228,7 @@ def end_step(job: Job, step: int, scored: ScoredRollouts, batch: TrainBatch, pro
     if job.roles.reference is not None:
         metrics["idle/reference"] = job.reference_clock.pop_idle()
     row = job.run.step_metrics(step, scored, metrics, sync, job.timer.pop(), job.data_stats)
-    job.history.append(row)
+    job.history.append({"step": step, **row})
     job.run.log(step, row)
     job.last_step = step
     # After the row is written, so a checkpoint's step always has its row; its time shows in the next row.
