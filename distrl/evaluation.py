@@ -58,11 +58,9 @@ def _majority_correct(samples: list[EvalSample], threshold: float) -> bool | Non
     answered = [s for s in samples if s.info.get("answer") is not None]
     if not answered:
         return None
-    votes = Counter(json.dumps(s.info["answer"], sort_keys=True) for s in answered)
-    top = max(votes.values())
-    winner = next(key for key in (json.dumps(s.info["answer"], sort_keys=True) for s in answered)
-                  if votes[key] == top)
-    return any(s.reward >= threshold for s in answered if json.dumps(s.info["answer"], sort_keys=True) == winner)
+    keys = [json.dumps(s.info["answer"], sort_keys=True) for s in answered]
+    winner, _ = Counter(keys).most_common(1)[0]  # ties: the answer seen first (most_common is stable)
+    return any(s.reward >= threshold for s, key in zip(answered, keys, strict=True) if key == winner)
 
 
 def figures(name: str, samples: list[EvalSample], n: int, threshold: float) -> dict[str, float]:

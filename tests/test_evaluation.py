@@ -55,6 +55,9 @@ def test_greedy_figures_without_answers_have_no_majority_vote():
     got = figures("g", [sample(0, 0, 0.25), sample(1, 0, 1.0)], n=1, threshold=1.0)
     assert got["eval/g/accuracy"] == 0.625 and got["eval/g/pass@1"] == 0.5
     assert "eval/g/maj@1" not in got and "eval/g/mean@1" not in got
+    tie = figures("t", [sample(0, 0, 1.0, "5"), sample(0, 1, 0.0, "7"), sample(1, 0, 0.0, "2"),
+                        sample(1, 1, 1.0, "3")], n=2, threshold=1.0)
+    assert tie["eval/t/maj@2"] == 0.5  # a tied vote goes to the answer seen first: "5" (right), "2" (wrong)
     with pytest.raises(ValueError, match=r"every prompt needs 2 samples, prompts \[1\] have"):
         figures("g", [sample(0, 0, 1.0), sample(0, 1, 1.0), sample(1, 0, 1.0)], n=2, threshold=1.0)
 
