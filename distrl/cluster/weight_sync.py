@@ -101,6 +101,8 @@ class WeightSync(ABC):
 
     replaceable = True
     """Whether a new engine can take a dead one's place (`push_one`)."""
+    unreplaceable = ""
+    """Why not, when it cannot."""
 
     def push_one(self, index: int) -> Any:
         """Load learner 0's current weights into rollout actor `index` alone (a replacement); returns a handle that
@@ -177,7 +179,10 @@ class NcclSync(WeightSync):
                             "the NCCL weight-sync group's connection (learner 0 and every engine)", timeout_s,
                             "cluster.sync_timeout_s")
 
-    replaceable = False  # a new engine cannot join the NCCL group of the running ones
+    replaceable = False
+    unreplaceable = ("a new engine cannot join the NCCL weight-sync group of the running ones: in-job replacement "
+                     "needs cluster.weight_sync=object_store (continue from the newest checkpoint with --set "
+                     "run.resume=true)")
 
     def push_one(self, index: int) -> Any:
         raise RuntimeError("an engine cannot join a running NCCL weight-sync group")

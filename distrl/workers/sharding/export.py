@@ -25,11 +25,12 @@ from distrl.workers.sharding.load import aliases
 
 
 @torch.no_grad()
-def gather_bucket(model: torch.nn.Module, spec: Spec, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
-    """The full tensors of bucket `spec`, cast to `dtype`, contiguous on CPU, on rank 0; None on the other ranks.
-    Every rank must call it with the same `spec`."""
+def gather_bucket(model: torch.nn.Module, spec: Spec, dtype: torch.dtype,
+                  every_rank: bool = False) -> dict[str, torch.Tensor] | None:
+    """The full tensors of bucket `spec`, cast to `dtype`, contiguous on CPU, on rank 0 (on every rank with
+    `every_rank`); None on the other ranks. Every rank must call it with the same `spec`."""
     state = model.state_dict()
-    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    rank0 = every_rank or not dist.is_initialized() or dist.get_rank() == 0
     out = {}
     for name, _ in spec:
         tensor = state[name]
