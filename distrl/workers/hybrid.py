@@ -19,6 +19,7 @@ sleep mode: on CPU every part stays in memory, and the turns change nothing.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,8 +52,8 @@ class DeviceTurns:
                  sleep_level: int, offload_optimizer: bool, enabled: bool):
         self.engine, self.optimizer, self.device = engine, optimizer, device
         self.sleep_level, self.offload, self.enabled = sleep_level, offload_optimizer, enabled
-        self.asleep = False  # the engine sleeps
-        self.discarded = False  # ... and its weights are gone (level 2)
+        self.weights_held = self.cache_held = True  # what of the engine's memory is on the device
+        self.discarded = False  # a level-2 sleep dropped the weights, and no push has loaded them since
         self.offloaded = False  # the optimizer's state is in CPU memory
 
     def engine_turn(self, restore: Callable[[], object]) -> None:
@@ -63,28 +64,32 @@ class DeviceTurns:
         if self.offload and not self.offloaded:
             self._move_optimizer("cpu")
             self.offloaded = True
-        if self.asleep:
-            self.engine.wake_up(tags=["weights"])
-            if self.discarded:
-                self.discarded = False
-                restore()
+        self.weights_turn()
+        if self.discarded:
+            self.discarded = False
+            restore()
+        if not self.cache_held:
             self.engine.wake_up(tags=["kv_cache"])
-            self.asleep = False
+            self.cache_held = True
 
     def weights_turn(self) -> None:
-        """A push is about to load every weight: the engine's weights must be allocated (not its KV cache)."""
-        if self.enabled and self.asleep:
+        """The engine's weights must be on the device (a push loads into them); its KV cache may stay released."""
+        if self.enabled and not self.weights_held:
             self.engine.wake_up(tags=["weights"])
-            self.discarded = False  # the push writes every weight
-            # The KV cache stays released until the engine's next turn; the engine is still counted asleep.
+            self.weights_held = True
+
+    def loaded(self) -> None:
+        """A push wrote every weight: whatever a level-2 sleep discarded is back."""
+        self.discarded = False
 
     def learner_turn(self, training: bool) -> None:
         """The learner (or the reference) computes: the engine sleeps; `training` brings the optimizer back."""
         if not self.enabled:
             return
-        if not self.asleep:
+        if self.weights_held or self.cache_held:
             self.engine.sleep(level=self.sleep_level)
-            self.asleep, self.discarded = True, self.sleep_level == 2
+            self.weights_held = self.cache_held = False
+            self.discarded = self.discarded or self.sleep_level == 2
             torch.cuda.empty_cache()
         if training and self.offloaded:
             self._move_optimizer(self.device)
@@ -92,18 +97,27 @@ class DeviceTurns:
 
     def _move_optimizer(self, device: str) -> None:
         optimizer = self.optimizer()
-        if optimizer is None:
-            return
-        pin = device == "cpu" and torch.cuda.is_available()
-        for state in optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.dim() > 0:  # AdamW's step counts stay where they are
-                    moved = value.to(device, non_blocking=True)
-                    state[key] = moved.pin_memory() if pin else moved
-        if device != "cpu":
-            torch.cuda.synchronize()
-        else:
-            torch.cuda.empty_cache()
+        if optimizer is not None:
+            move_optimizer_state(optimizer, device)
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: str) -> None:
+    """Move `optimizer`'s state tensors to `device` (to CPU memory: pinned when there is a GPU, so that the way back
+    is an asynchronous copy), and release what they held."""
+    pin = device == "cpu" and torch.cuda.is_available()
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:  # AdamW's step counts stay where they are
+                moved = value.to(device, non_blocking=True)
+                state[key] = moved.pin_memory() if pin else moved
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # the copies are done before the engine or the update uses the memory
+        torch.cuda.empty_cache()
+
+
+def optimizer_of(learner: Learner) -> torch.optim.Optimizer | None:
+    trainer = getattr(learner, "trainer", None)  # a sharded learner builds it once its group is joined
+    return None if trainer is None else trainer.optimizer
 
 
 class HybridWorker:
@@ -135,7 +149,10 @@ class HybridWorker:
         self.rollout = self.parts["rollout"] = RolloutWorker(
             *args, **{**kwargs, "in_process_group": torch.distributed.is_initialized()})
         level, offload = self._sleep
-        self.turns = DeviceTurns(self.rollout, self._optimizer, self.learner.device, level, offload,
+        # The learner's optimizer, not a method of this worker: a cycle would keep the worker, and its engine's
+        # thread, until a collection.
+        self.turns = DeviceTurns(self.rollout, functools.partial(optimizer_of, self.learner), self.learner.device,
+                                 level, offload,
                                  enabled=self.rollout.on_gpu)
         self.turns.learner_turn(training=False)
 
@@ -165,7 +182,9 @@ class HybridWorker:
             raise RuntimeError(f"a push of version {version} to an engine whose learner holds version "
                                f"{self.learner.weights_version()}")
         self.turns.weights_turn()
-        return self._load(version)
+        served = self._load(version)
+        self.turns.loaded()
+        return served
 
     def _load(self, version: int) -> int:
         if self._specs is None:
@@ -175,10 +194,6 @@ class HybridWorker:
     def _buckets(self, specs: list[export.Spec]) -> Iterator[dict[str, torch.Tensor]]:
         for spec in specs:  # made when the engine's reload asks for it: one bucket at a time
             yield self.learner.local_bucket(spec, self.dtype)
-
-    def _optimizer(self) -> torch.optim.Optimizer | None:
-        trainer = getattr(self.learner, "trainer", None)  # a sharded learner builds it once its group is joined
-        return None if trainer is None else trainer.optimizer
 
     def close(self) -> None:
         """End the engine's thread and leave the learners' group."""
