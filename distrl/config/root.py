@@ -252,7 +252,8 @@ class Config(Section):
         return errors
 
     def _hybrid_problems(self) -> list[str]:
-        """A hybrid actor is a learner with its own engine: one engine per learner, weights passed in memory."""
+        """A hybrid actor is a learner with its own engine (`cluster.rollout` and `cluster.reference` are not used):
+        one engine per learner, weights passed in memory."""
         c = self.cluster
         if not c.hybrid_mode:
             return []
@@ -260,10 +261,6 @@ class Config(Section):
         if c.weight_sync != "auto":
             errors.append(f"cluster.weight_sync '{c.weight_sync}' with cluster.colocate 'hybrid': each hybrid actor "
                           f"passes the weights to its own engine in memory; leave cluster.weight_sync 'auto'")
-        if "num_actors" in c.rollout.model_fields_set and c.rollout.num_actors != c.learner.num_actors:
-            errors.append(f"cluster.colocate 'hybrid' runs one engine in each learner actor: "
-                          f"cluster.rollout.num_actors ({c.rollout.num_actors}) must equal "
-                          f"cluster.learner.num_actors ({c.learner.num_actors}), or be left out")
         return errors
 
     def unplaceable(self, have: float, what: str, resource: str) -> str | None:

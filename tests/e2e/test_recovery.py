@@ -42,6 +42,16 @@ def finish(proc) -> tuple[str, str]:
             proc.communicate()
 
 
+def wait_for_checkpoint(proc, manifest, within_s: float = 60) -> None:
+    """Wait until the run writes checkpoint `manifest` (killed, failing the test, if it does not within `within_s`)."""
+    deadline = time.monotonic() + within_s
+    while not manifest.exists():
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no {manifest} within {within_s:g} s:\n{proc.communicate()[1][-3000:]}")
+        time.sleep(0.1)
+
+
 def rows_of(metrics) -> list[dict]:
     return [json.loads(line) for line in metrics.read_text().splitlines()]
 
@@ -67,13 +77,7 @@ def test_a_rollout_actor_killed_mid_run_is_replaced_and_the_run_completes(tmp_pa
 
 def test_a_learner_killed_mid_run_is_recovered_from_the_newest_checkpoint(tmp_path):
     proc, metrics = start_quickstart(tmp_path, f"run.steps={STEPS}", "run.checkpoint_every=2")
-    checkpoint = metrics.parent / "checkpoints" / "step_000002" / "manifest.json"
-    deadline = time.monotonic() + 60
-    while not checkpoint.exists():  # learner 0 writes it after step 2's row
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"no checkpoint of step 2 within 60 s:\n{proc.communicate()[1][-3000:]}")
-        time.sleep(0.1)
+    wait_for_checkpoint(proc, metrics.parent / "checkpoints" / "step_000002" / "manifest.json")
     kill_actor(proc.pid, "Learner")  # in step 3: the newest checkpoint is step 2's
     out, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]

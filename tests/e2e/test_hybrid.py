@@ -1,0 +1,53 @@
+"""Hybrid mode for real (`cluster.colocate: hybrid`: Ray actors that each hold a learner, a vLLM CPU engine and the
+reference): with two actors it gives the rows of the same run with every role apart; FSDP learners and the
+asynchronous loop (one step off at most) run in it; a hybrid actor killed mid-run is a learner death, recovered from
+the newest checkpoint."""
+
+import json
+
+import pytest
+
+from distrl.driver import train
+
+from .conftest import quickstart, start_quickstart
+from .test_recovery import finish, kill_actor, wait_for_checkpoint
+
+TWO = ("cluster.learner.num_actors=2", "cluster.learner.num_cpus=0.5", "learner.micro_batch_size=16",
+       "rollout.prompts_per_step=4", "run.steps=4", "run.checkpoint_at_end=false")
+
+
+def test_two_hybrid_actors_give_the_rows_of_the_roles_apart(ray_session, tmp_path):
+    """Two engines (one per hybrid actor) against one engine apart: same seeds per prompt, so the same samples;
+    same learners; the in-memory push against the object store's (both verified by the fingerprint check)."""
+    apart = train(quickstart(tmp_path / "apart", *TWO))
+    hybrid = train(quickstart(tmp_path / "hybrid", *TWO, "cluster.colocate=hybrid"))
+    keys = ["reward/mean", "loss/policy", "loss/kl", "learner/tokens", "learner/grad_norm"]
+    assert [[h[k] for k in keys] for h in hybrid] == [[h[k] for k in keys] for h in apart]
+    assert all(h["time/sync"] > 0 for h in hybrid)
+
+
+def test_hybrid_fsdp_learners_train(ray_session, tmp_path):
+    history = train(quickstart(tmp_path, *TWO, "cluster.colocate=hybrid", "learner.strategy.type=fsdp"))
+    assert len(history) == 4 and all(h["learner/tokens"] > 0 for h in history)
+    assert len({h["reward/mean"] for h in history}) > 1
+
+
+@pytest.mark.parametrize("learners", [1, 2])
+def test_the_asynchronous_hybrid_loop_is_one_step_off(ray_session, tmp_path, learners):
+    extra = TWO if learners == 2 else ("rollout.prompts_per_step=4", "run.steps=4")
+    history = train(quickstart(tmp_path, *extra, "cluster.colocate=hybrid", "loop.mode=async", "loop.max_staleness=1"))
+    rows = [json.loads(line) for line in (tmp_path / "quickstart" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(h["staleness/max"] <= 1 for h in history)
+    assert any(h["staleness/max"] == 1 for h in history)  # the engines generated the next batch before the push
+
+
+def test_a_hybrid_actor_killed_mid_run_is_a_learner_death_recovered_from_a_checkpoint(tmp_path):
+    proc, metrics = start_quickstart(tmp_path, "run.steps=6", "run.checkpoint_every=2", "cluster.colocate=hybrid")
+    wait_for_checkpoint(proc, metrics.parent / "checkpoints" / "step_000002" / "manifest.json")
+    kill_actor(proc.pid, "HybridWorker")
+    out, err = finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    assert "hybrid-0 died in step" in out and "restarting every role from" in out, out[-3000:]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 7))
