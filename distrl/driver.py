@@ -101,8 +101,9 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
     """Start every role, load checkpoint `found` (if any) and train from the step after it until `run.steps` or a
     stop signal; the roles are ended on the way out, however it is left."""
     cfg, first = job.cfg, job.last_step + 1
-    with started_roles(cfg, backend, rollout_worker) as roles:
-        with startup("actors"):  # until every engine serves the first weights
+    with ExitStack() as started:
+        with startup("actors"):  # from their placement until every engine serves the first weights
+            roles = started.enter_context(started_roles(cfg, backend, rollout_worker))
             if cfg.run.checkpoint_every or cfg.run.checkpoint_at_end:
                 check_shared_run_dir(job.run, roles)
             restore(found, job, roles)
