@@ -2,6 +2,7 @@
 process, no vLLM, no Ray), the single-process alternative a user would pick instead of distrl.
 
     PYTHONPATH=. /work/trl-venv/bin/python bench/bench_trl.py [--steps 30] [--hidden 128 --layers 2] [--threads N]
+        [--distrl hybrid,apart] [--rounds R]
 
 (from the repository root, with the TRL venv below; with trl installed into the project's venv instead:
 `.venv/bin/python bench/bench_trl.py ...`).
@@ -35,7 +36,13 @@ What it prints (one process, timed with trainer callbacks):
     advantages, batch assembly), update (forward + backward + optimizer step, plus the Trainer's own overhead);
   * the learning curve: mean reward per 5 steps, as bench/bench_async.py prints distrl's.
 
-The distrl side of the comparison: `bench/bench_step.py` (step time) and `bench/bench_async.py` (reward curve).
+The distrl side (`--distrl MODES`, comma-separated: `hybrid` for `cluster.colocate: hybrid`, `apart` for one actor
+per role; `--rounds R` repeats TRL and each mode R times, interleaved, so that a noisy machine shifts them alike):
+`distrl train` on `configs/quickstart.yaml` with the same model (built here, shared), steps and batch, in a process
+of its own, the held-out evaluation off. It prints the same figures: start-up (process start to the moment the
+driver prints that its actors serve, i.e. step 1 begins; the embedded Ray cluster included), the steady-state step
+(mean of `time/step` over steps 2..N), and the reward curve per 5 steps. `bench/bench_step.py` breaks a distrl step
+into its phases.
 
 Installing TRL (bash, from the repository root). The script needs `trl` (and `accelerate`, which trl pulls in)
 next to the project's packages; it was written against trl 1.16.0 (accelerate 1.15.0) with torch 2.13.0+cpu and
@@ -78,7 +85,9 @@ if HIDE_VLLM:
 
 import argparse
 import json
+import re
 import statistics
+import subprocess
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -162,7 +171,35 @@ class StepClock(TrainerCallback):
                   flush=True)
 
 
-def main() -> None:  # noqa: PLR0915 - one straight script: set up, train, print the three tables
+def run_distrl(mode: str, model_dir: Path, out: Path, steps: int) -> dict:
+    """One `distrl train` of the quickstart in its own process (`mode`: hybrid or apart): start-up, steady step,
+    rewards per step."""
+    overrides = [f"model.path={model_dir}", f"run.steps={steps}", "eval=null", "run.progress=false",
+                 "run.checkpoint_at_end=false", f"run.output_dir={out}", f"run.name={mode}", "run.overwrite=true",
+                 *(["cluster.colocate=hybrid"] if mode == "hybrid" else [])]
+    command = [sys.executable, "-c", "import sys; from distrl.cli import main; sys.exit(main())", "train",
+               "--config", str(ROOT / "configs" / "quickstart.yaml"), *[a for o in overrides for a in ("--set", o)]]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.time()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    startup, split = float("nan"), ""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        found = re.match(r"started in [\d.]+ s: (.*)", line)
+        if found:
+            startup, split = time.time() - started, found.group(1).strip()
+    if proc.wait() != 0:
+        raise RuntimeError(f"distrl ({mode}) failed with exit code {proc.returncode}: {' '.join(command)}")
+    rows = [json.loads(line) for line in (out / mode / "metrics.jsonl").read_text().splitlines()]
+    return {"startup": startup, "split": split, "step": statistics.fmean(r["time/step"] for r in rows[1:]),
+            "rewards": [r["reward/mean"] for r in rows]}
+
+
+def curve(rewards: list[float]) -> str:
+    return " ".join(f"{statistics.fmean(rewards[i : i + WINDOW]):.3f}" for i in range(0, len(rewards), WINDOW))
+
+
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--hidden", type=int, default=128)
@@ -172,15 +209,47 @@ def main() -> None:  # noqa: PLR0915 - one straight script: set up, train, print
                          "gets it")
     ap.add_argument("--keep-vllm-visible", action="store_true",
                     help="let trl see the installed vllm (it then imports it at start-up, unused)")
+    ap.add_argument("--distrl", default="", help="distrl modes to run after TRL, comma-separated: hybrid, apart")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat TRL and each distrl mode, interleaved")
     args = ap.parse_args()
-    t_proc = psutil.Process().create_time()
-    t_imported = time.time()
+    modes = [m for m in args.distrl.split(",") if m]
+    unknown = set(modes) - {"hybrid", "apart"}
+    if unknown:
+        ap.error(f"--distrl: unknown modes {sorted(unknown)}; use hybrid, apart")
+    out = Path(tempfile.mkdtemp(prefix="bench-trl-"))
+    built = time.time()
+    model_dir = make_tiny_model(out / "model", hidden_size=args.hidden, num_layers=args.layers)
+    args.model_build_s = time.time() - built  # not the trainer's start-up: distrl is handed the same directory
+    results: dict[str, list[dict]] = defaultdict(list)
+    for r in range(args.rounds):
+        print(f"\n--- TRL (round {r + 1} of {args.rounds}) ---", flush=True)
+        results["trl"].append(train_trl(args, model_dir, out, first=r == 0))
+        for mode in modes:
+            print(f"\n--- distrl, {mode} (round {r + 1} of {args.rounds}) ---", flush=True)
+            results[mode].append(run_distrl(mode, model_dir, out / "distrl", args.steps))
+            d = results[mode][-1]
+            print(f"to step 1 begins {d['startup']:.1f} s ({d['split']}); steady {d['step']:.3f} s/step")
+            print(f"{'distrl-' + mode:<15}{curve(d['rewards'])}")
+    if modes:
+        trl_step = results["trl"][0]["step"]
+        print(f"\n{'same hour':<14}{'s/step':>8}{'vs TRL':>8}{'start-up s':>12}   (rounds: each run's figures)")
+        for name, runs in results.items():
+            steps = ", ".join(f"{x['step']:.3f}" for x in runs)
+            ups = ", ".join(f"{x['startup']:.1f}" for x in runs)
+            print(f"{name:<14}{statistics.fmean(x['step'] for x in runs):>8.3f}"
+                  f"{statistics.fmean(x['step'] for x in runs) / trl_step:>7.2f}x{'':>4}{ups}   ({steps})")
+
+
+def train_trl(args: argparse.Namespace, model_dir: Path, out: Path, first: bool) -> dict:
+    """TRL's GRPOTrainer on the task; prints its figures and returns start-up, steady step and rewards. Start-up
+    counts from the process's start in the `first` run, and from this call in later ones (imports done: not
+    comparable, so reported as nan)."""
+    t_proc = psutil.Process().create_time() if first else time.time()
+    t_imported = time.time() if first else t_proc
     transformers.logging.set_verbosity_error()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    out = Path(tempfile.mkdtemp(prefix="bench-trl-"))
-    model_dir = make_tiny_model(out / "model", hidden_size=args.hidden, num_layers=args.layers)
     t_model = time.time()
 
     rows = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
@@ -282,6 +351,8 @@ def main() -> None:  # noqa: PLR0915 - one straight script: set up, train, print
         k = min(6, len(rewards))
         print(f"mean reward, first {k} step(s): {statistics.fmean(rewards[:k]):.3f}  ->  last {k} step(s): "
               f"{statistics.fmean(rewards[-k:]):.3f}")
+    startup = first_begin - t_proc - args.model_build_s if first else float("nan")
+    return {"startup": startup, "step": step, "rewards": rewards}
 
 
 if __name__ == "__main__":
