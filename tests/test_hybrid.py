@@ -36,6 +36,12 @@ def test_hybrid_refuses_a_transport_of_its_own():
         quickstart("cluster.colocate=hybrid", "cluster.weight_sync=object_store")
 
 
+def test_the_asynchronous_hybrid_loop_is_one_step_off_at_most():
+    assert quickstart("cluster.colocate=hybrid", "loop.mode=async", "loop.max_staleness=1").max_staleness == 1
+    with pytest.raises(config.ConfigError, match=r"its asynchronous loop is one step off \(loop.max_staleness 1\)"):
+        quickstart("cluster.colocate=hybrid", "loop.mode=async", "loop.max_staleness=2")
+
+
 def test_hybrid_runs_one_engine_per_learner_whatever_the_rollout_section_says():
     cfg = quickstart("cluster.colocate=hybrid", "cluster.learner.num_actors=2", "learner.micro_batch_size=16")
     assert cfg.cluster.hybrid_mode and cfg.cluster.rollout.num_actors == 1  # not used: the learners host the engines

@@ -258,6 +258,10 @@ class Config(Section):
         if not c.hybrid_mode:
             return []
         errors = []
+        if self.max_staleness > 1:
+            errors.append(f"loop.max_staleness {self.max_staleness} with cluster.colocate 'hybrid': a hybrid actor "
+                          f"generates and trains in turns, so batches generated further ahead would only be staler; "
+                          f"its asynchronous loop is one step off (loop.max_staleness 1)")
         if c.weight_sync != "auto":
             errors.append(f"cluster.weight_sync '{c.weight_sync}' with cluster.colocate 'hybrid': each hybrid actor "
                           f"passes the weights to its own engine in memory; leave cluster.weight_sync 'auto'")
