@@ -54,10 +54,11 @@ class Learner:
                                self.strategy, role="learner")
 
     # ------------------------------------------------------------------------------------------ data parallelism
-    def connect(self, master_addr: str, master_port: int, rank: int, world_size: int) -> str:
+    def connect(self, master_addr: str, master_port: int, rank: int, world_size: int,
+                timeout_s: float = dist.default_pg_timeout.total_seconds()) -> str:
         """Join the learners' process group (and build a sharded model over it); returns the backend (gloo on CPU,
-        NCCL on GPU)."""
-        backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device)
+        NCCL on GPU). `timeout_s` bounds each of its collectives (`dist.init_process_group`)."""
+        backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device, timeout_s)
         atexit.register(self.close)  # a graceful exit (SIGTERM in a Ray actor, the end of a process) leaves first
         if self.strategy.sharded:
             self._build()
