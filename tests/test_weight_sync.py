@@ -252,3 +252,99 @@ def test_an_nccl_push_receives_each_bucket_when_the_reload_reaches_it():
     # before loading gives [1, 2, 3]; holding on to the last one, [1, 2, 2]).
     assert receiver.peaks == [1, 1, 1]
     assert count(receiver.alive) == 0
+
+
+# ------------------------------------------------------------------------------- forming the NCCL world (N4)
+class Journal:
+    """What the fakes of an NCCL world were asked, in order: (who, what, arguments)."""
+
+    def __init__(self):
+        self.entries: list[tuple[str, str, tuple]] = []
+
+    def note(self, who: str, what: str, *args: Any) -> None:
+        self.entries.append((who, what, args))
+
+    def of(self, what: str) -> list[tuple[str, tuple]]:
+        return [(who, args) for who, w, args in self.entries if w == what]
+
+
+class WorldLearner(FakeLearner):
+    """Learner 0 as the NCCL world sees it: a free port (a new one each time), a connect, a broadcast."""
+
+    def __init__(self, journal: Journal):
+        self.journal, self.ports, self.updates = journal, iter(range(29500, 29600)), 0
+
+    def free_port(self, host: str) -> int:
+        return next(self.ports)
+
+    def nccl_connect(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        self.journal.note("learner-0", "connect", host, port, 0, world_size, timeout_s)
+
+    def nccl_send(self, specs: list, dtype: str) -> None:
+        self.journal.note("learner-0", "send")
+
+    def weights_version(self) -> int:
+        return self.updates
+
+
+class WorldEngine:
+    """An engine as the NCCL world sees it: its version once constructed, a connect, a receive."""
+
+    def __init__(self, journal: Journal, name: str, starting: str | int = 0):
+        self.journal, self.name, self.served = journal, name, starting
+
+    def version(self) -> str | int:
+        self.journal.note(self.name, "version")
+        return self.served
+
+    def nccl_connect(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        self.journal.note(self.name, "connect", host, port, rank, world_size, timeout_s)
+
+    def nccl_receive(self, version: int, specs: list, dtype: str) -> int:
+        self.journal.note(self.name, "receive", version)
+        if version == "dies":
+            raise ActorLost(f"{self.name} died")
+        self.served = version
+        return version
+
+
+def nccl_world(journal: Journal, engines: int = 2, backend: LocalBackend | None = None, starting=lambda i: 0
+               ) -> tuple[NcclSync, LocalGroup]:
+    backend = backend or LocalBackend()
+    learners = LocalGroup("learner", backend, lambda i, incarnation: WorldLearner(journal), 1)
+    rollouts = LocalGroup("rollout", backend, lambda i, incarnation: WorldEngine(
+        journal, f"rollout-{i}" + (f"#{incarnation}" if incarnation else ""), starting(i)), engines)
+    return NcclSync(learners, rollouts, "bfloat16", 2**20, timeout_s=1234.0, verify=False), rollouts
+
+
+def test_the_nccl_world_forms_only_once_every_engine_is_constructed():
+    """Every engine answers its version (its constructor is done) before learner 0 opens the world's rendezvous,
+    which then waits cluster.sync_timeout_s for the ranks (not vLLM's 300 s)."""
+    journal = Journal()
+    nccl_world(journal, engines=3)
+    whats = [what for _, what, _ in journal.entries]
+    assert whats == ["version"] * 3 + ["connect"] * 4
+    assert journal.of("connect") == [
+        ("learner-0", ("127.0.0.1", 29500, 0, 4, 1234.0)),
+        *[(f"rollout-{i}", ("127.0.0.1", 29500, i + 1, 4, 1234.0)) for i in range(3)]]
+
+
+def test_an_engine_that_does_not_start_in_time_names_itself_before_any_rank_connects():
+    journal = Journal()
+    with pytest.raises(TimeoutError, match=r"the start-up of rollout-0, rollout-1 before the NCCL weight-sync group "
+                                           r"forms has not returned within cluster\.sync_timeout_s = 1234 s"):
+        nccl_world(journal, backend=Stalling(), starting=lambda i: "hangs" if i == 1 else 0)
+    assert not journal.of("connect")
+
+
+def test_the_communicator_waits_the_timeout_it_is_given_for_the_ranks(monkeypatch):
+    """`make_communicator` hands vLLM's StatelessProcessGroup the timeout as its `store_timeout` (whole seconds)."""
+    from vllm.distributed import utils
+    from vllm.distributed.device_communicators import pynccl
+
+    made: list[dict] = []
+    monkeypatch.setattr(utils.StatelessProcessGroup, "create", staticmethod(lambda **kw: made.append(kw) or "group"))
+    monkeypatch.setattr(pynccl, "PyNcclCommunicator", lambda group, device: (group, device))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert nccl.make_communicator("10.0.0.1", 29501, 2, 3, 1800.5) == ("group", 0)
+    assert made == [{"host": "10.0.0.1", "port": 29501, "rank": 2, "world_size": 3, "store_timeout": 1801}]

@@ -166,15 +166,29 @@ class NcclSync(WeightSync):
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
                  bucket_bytes: int, timeout_s: float, verify: bool):
         super().__init__(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
-        assert isinstance(learners, RayGroup), "NCCL weight sync needs Ray actors on GPUs"
-        host = learners.node_ip(0)
-        port = self.backend.answer(learners.call(0, Learner.free_port, host), "learner 0's free port", timeout_s,
-                                   "cluster.sync_timeout_s")
-        world = len(rollouts) + 1
-        self.backend.answer([learners.call(0, Learner.nccl_connect, host, port, world),
-                             *[rollouts.call(i, RolloutWorker.nccl_connect, host, port, i + 1, world)
-                               for i in range(len(rollouts))]],
-                            "the NCCL weight-sync group's connection (learner 0 and every engine)", timeout_s,
+        self._wait_ready(list(range(len(rollouts))))
+        self._form_world()
+
+    def _wait_ready(self, engines: list[int]) -> None:
+        """Wait until `engines` are constructed (each answers its version): the NCCL world's rendezvous waits
+        only `timeout_s` for every rank, and an engine's `nccl_connect` runs only after its constructor (loading the
+        model, compiling, capturing CUDA graphs: minutes for a large model), so learner 0 must not open it
+        before."""
+        self.backend.answer([self.rollouts.call(i, RolloutWorker.version) for i in engines],
+                            f"the start-up of {', '.join(self.rollouts.name(i) for i in engines)} before the NCCL "
+                            f"weight-sync group forms", self.timeout_s, "cluster.sync_timeout_s")
+
+    def _form_world(self) -> None:
+        """Learner 0 (rank 0) and every engine (rank i + 1) make the NCCL world, rendezvous at a free port of
+        learner 0's node, each waiting at most `timeout_s` for the others (vLLM's `store_timeout`)."""
+        host = self.learners.node_ip(0)
+        port = self.backend.answer(self.learners.call(0, Learner.free_port, host), "learner 0's free port",
+                                   self.timeout_s, "cluster.sync_timeout_s")
+        world = len(self.rollouts) + 1
+        self.backend.answer([self.learners.call(0, Learner.nccl_connect, host, port, world, self.timeout_s),
+                             *[self.rollouts.call(i, RolloutWorker.nccl_connect, host, port, i + 1, world,
+                                                  self.timeout_s) for i in range(len(self.rollouts))]],
+                            "the NCCL weight-sync group's connection (learner 0 and every engine)", self.timeout_s,
                             "cluster.sync_timeout_s")
 
     replaceable = False  # a new engine cannot join the NCCL group of the running ones
@@ -212,7 +226,8 @@ class NcclSync(WeightSync):
 
 def make_weight_sync(kind: str, learners, rollouts, dtype: str, bucket_bytes: int, gpus: bool,
                      timeout_s: float, verify: bool) -> WeightSync:
-    """`kind` is cluster.weight_sync: auto picks NCCL when both roles have GPUs."""
-    if kind == "nccl" or (kind == "auto" and gpus):
+    """`kind` is cluster.weight_sync: auto picks NCCL when both roles have GPUs, in Ray actors (the local
+    backend's roles share one process, hence one GPU)."""
+    if kind == "nccl" or (kind == "auto" and gpus and isinstance(learners, RayGroup)):
         return NcclSync(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
     return ObjectStoreSync(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)

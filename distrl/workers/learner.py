@@ -162,8 +162,10 @@ class Learner:
         weight world."""
         return dist.free_port(host)
 
-    def nccl_connect(self, host: str, port: int, world_size: int) -> None:
-        self._nccl = nccl.make_communicator(host, port, 0, world_size)
+    def nccl_connect(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Join the NCCL weight-sync world as rank 0 (`nccl.make_communicator`), waiting `timeout_s` for the
+        engines; a communicator of an earlier world is dropped."""
+        self._nccl = nccl.make_communicator(host, port, 0, world_size, timeout_s)
 
     def nccl_send(self, specs: list[nccl.Spec], dtype: str) -> None:
         """Broadcast the buckets `specs` (the layout every receiver was given) from learner 0 (the others have
