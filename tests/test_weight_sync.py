@@ -62,26 +62,6 @@ def test_a_push_an_engine_does_not_finish_in_time_names_the_engine():
         sync.push(3)
 
 
-def nccl_sync(backend: LocalBackend, engines: LocalGroup) -> NcclSync:
-    """An NcclSync without its NCCL world (its constructor needs GPUs): only the waiting is under test."""
-    sync = NcclSync.__new__(NcclSync)
-    sync.backend, sync.rollouts, sync.timeout_s = backend, engines, 5.0
-    return sync
-
-
-def test_an_nccl_broadcast_ends_when_a_receiver_fails_or_time_runs_out():
-    backend = Stalling()
-    engines = LocalGroup("rollout", backend, lambda i, incarnation: FakeEngine(hangs=False), 2)
-    sync = nccl_sync(backend, engines)
-    with pytest.raises(RuntimeError, match=r"weight sync \(NCCL\): rollout-1 failed during a broadcast, which "
-                                           r"cannot go on without it .*: the engine died"):
-        sync._broadcast_done(Done("hangs"), [Done(1), Done(error=ActorLost("the engine died"))])
-    with pytest.raises(RuntimeError, match=r"not finished within cluster\.sync_timeout_s = 5 s: learner 0's "
-                                           r"broadcast, rollout-0$"):
-        sync._broadcast_done(Done("hangs"), [Done("hangs"), Done(1)])
-    sync._broadcast_done(Done(None), [Done(1), Done(1)])  # every part done: returns
-
-
 # ------------------------------------------------------------------------------------------------ streaming loads
 Alive = list[Callable[[], bool]]
 """One check per tensor (or received buffer) handed out: whether it is still alive anywhere."""
@@ -258,8 +238,10 @@ def test_an_nccl_push_receives_each_bucket_when_the_reload_reaches_it():
 class Journal:
     """What the fakes of an NCCL world were asked, in order: (who, what, arguments)."""
 
-    def __init__(self):
+    def __init__(self, hangs: bool = False, dies: frozenset[str] = frozenset()):
         self.entries: list[tuple[str, str, tuple]] = []
+        self.hangs = hangs  # learner 0's broadcast never ends (a peer holds it up)
+        self.dies = dies  # engines whose receive fails as a dead actor's would
 
     def note(self, who: str, what: str, *args: Any) -> None:
         self.entries.append((who, what, args))
@@ -280,8 +262,9 @@ class WorldLearner(FakeLearner):
     def nccl_connect(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
         self.journal.note("learner-0", "connect", host, port, 0, world_size, timeout_s)
 
-    def nccl_send(self, specs: list, dtype: str) -> None:
+    def nccl_send(self, specs: list, dtype: str) -> str | None:
         self.journal.note("learner-0", "send")
+        return "hangs" if self.journal.hangs else None
 
     def weights_version(self) -> int:
         return self.updates
@@ -302,7 +285,7 @@ class WorldEngine:
 
     def nccl_receive(self, version: int, specs: list, dtype: str) -> int:
         self.journal.note(self.name, "receive", version)
-        if version == "dies":
+        if self.name in self.journal.dies:
             raise ActorLost(f"{self.name} died")
         self.served = version
         return version
@@ -348,3 +331,30 @@ def test_the_communicator_waits_the_timeout_it_is_given_for_the_ranks(monkeypatc
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     assert nccl.make_communicator("10.0.0.1", 29501, 2, 3, 1800.5) == ("group", 0)
     assert made == [{"host": "10.0.0.1", "port": 29501, "rank": 2, "world_size": 3, "store_timeout": 1801}]
+
+
+# ----------------------------------------------------------------------------- a push that does not block (N5)
+def test_an_nccl_push_returns_at_once_and_finish_watches_the_broadcast():
+    """`start` submits the broadcast and the receives and returns without waiting (the asynchronous loop's driver
+    goes on); `finish` waits for learner 0's broadcast with the engines' loads and returns their versions."""
+    journal = Journal(hangs=True)
+    sync, _ = nccl_world(journal, backend=Stalling())
+    pending = sync.start(4)  # learner 0's broadcast never ends, and start does not wait for it
+    assert pending.broadcast is not None and set(pending.handles) == {0, 1}
+    assert [what for _, what, _ in journal.entries[-3:]] == ["send", "receive", "receive"]
+    with pytest.raises(RuntimeError, match=r"weight sync \(NCCL\): not finished within cluster\.sync_timeout_s = "
+                                           r"1234 s: learner 0's broadcast$"):
+        sync.finish(pending)
+
+    journal = Journal()
+    sync, engines = nccl_world(journal)
+    stats = sync.finish(sync.start(5))
+    assert stats.lost == {} and [e.served for e in engines.workers] == [5, 5]
+
+
+def test_an_nccl_push_that_a_dead_engine_holds_up_ends_with_its_name():
+    journal = Journal(hangs=True, dies=frozenset({"rollout-1"}))
+    sync, _ = nccl_world(journal, backend=Stalling())
+    with pytest.raises(RuntimeError, match=r"weight sync \(NCCL\): rollout-1 failed during a broadcast, which cannot "
+                                           r"go on without it .*: rollout-1 died"):
+        sync.finish(sync.start(2))

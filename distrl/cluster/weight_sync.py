@@ -50,12 +50,15 @@ class PendingSync:
     handles: dict[int, Any]  # engine index -> its handle
     started: float
     incarnations: list[int]  # of the engines pushed to
+    broadcast: Any = None
+    """NCCL: learner 0's broadcast, which `finish` watches with the engines' loads (None over the object store)."""
 
 
 class WeightSync(ABC):
     """Pushes learner 0's weights into every rollout engine. `push` returns when all engines serve `version`;
-    `start` returns at once: each engine loads the weights after the call it is running (actors take one call at
-    a time, in submission order), so it switches versions between two generation chunks."""
+    `start` returns at once, over either transport: each engine loads the weights after the call it is running
+    (actors take one call at a time, in submission order), so it switches versions between two generation chunks,
+    and `finish` waits for them (in the asynchronous loop, one step later)."""
 
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
                  bucket_bytes: int, timeout_s: float, verify: bool):
@@ -166,6 +169,7 @@ class NcclSync(WeightSync):
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
                  bucket_bytes: int, timeout_s: float, verify: bool):
         super().__init__(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
+        self._sent: Any = None  # the handle of the broadcast `_load` submitted last, until `start` takes it
         self._wait_ready(list(range(len(rollouts))))
         self._form_world()
 
@@ -196,19 +200,32 @@ class NcclSync(WeightSync):
     def push_one(self, index: int) -> Any:
         raise RuntimeError("an engine cannot join a running NCCL weight-sync group")
 
+    def start(self, version: int, skip: set[int] | frozenset[int] = frozenset()) -> PendingSync:
+        """Submit learner 0's broadcast and every engine's receive, and return at once (as over the object store:
+        the driver goes on while the engines finish their chunks and take the weights); `finish` watches the
+        broadcast."""
+        pending = super().start(version, skip)
+        pending.broadcast, self._sent = self._sent, None
+        return pending
+
+    def finish(self, pending: PendingSync) -> SyncStats:
+        """Wait for learner 0's broadcast, failing fast (`_broadcast_done`), then for every engine's load."""
+        if pending.broadcast is not None:
+            self._broadcast_done(pending)
+        return super().finish(pending)
+
     def _load(self, version: Any, to: list[int]) -> list[Any]:
         # A broadcast needs every rank: an engine being replaced cannot be left out (push_one refuses to replace).
         assert len(to) == len(self.rollouts), "an NCCL push goes to every engine"
-        sent = self.learners.map(Learner.nccl_send, self.specs, self.dtype)[0]
-        received = self.rollouts.map(RolloutWorker.nccl_receive, version, self.specs, self.dtype)
-        self._broadcast_done(sent, received)
-        return received
+        self._sent = self.learners.map(Learner.nccl_send, self.specs, self.dtype)[0]
+        return self.rollouts.map(RolloutWorker.nccl_receive, version, self.specs, self.dtype)
 
-    def _broadcast_done(self, sent: Any, received: list[Any]) -> None:
-        """Wait for learner 0's broadcast, watching the receivers: a receiver that fails (a dead engine leaves the
-        broadcast waiting for ever) or a broadcast past `timeout_s` ends the run, naming who did not finish."""
-        deadline = time.perf_counter() + self.timeout_s
-        waiting = {sent: "learner 0's broadcast", **{h: self.rollouts.name(i) for i, h in enumerate(received)}}
+    def _broadcast_done(self, pending: PendingSync) -> None:
+        """Wait for `pending`'s broadcast by learner 0, watching the engines' loads: one that fails (a dead engine
+        leaves the broadcast waiting for ever) or a broadcast not done `timeout_s` after the push started ends the
+        run, naming who did not finish."""
+        sent, deadline = pending.broadcast, pending.started + self.timeout_s
+        waiting = {sent: "learner 0's broadcast", **{h: self.rollouts.name(i) for i, h in pending.handles.items()}}
         while sent in waiting:
             done, _ = self.backend.wait(list(waiting), timeout=max(0.0, deadline - time.perf_counter()))
             if not done:
