@@ -358,3 +358,71 @@ def test_an_nccl_push_that_a_dead_engine_holds_up_ends_with_its_name():
     with pytest.raises(RuntimeError, match=r"weight sync \(NCCL\): rollout-1 failed during a broadcast, which cannot "
                                            r"go on without it .*: rollout-1 died"):
         sync.finish(sync.start(2))
+
+
+# ------------------------------------------------------------------- replacing an engine under NCCL sync
+def test_a_replacement_joins_a_new_nccl_world_and_every_engine_gets_the_current_weights():
+    """Engine 1 dies and is restarted: once the new engine is constructed, learner 0 and every engine form the world
+    again on a fresh port (the new engine in rank 2), and learner 0 broadcasts its current weights (version 3) to
+    every engine: a broadcast needs every rank."""
+    journal = Journal()
+    sync, engines = nccl_world(journal)
+    sync.push(2)
+    sync.learners.workers[0].updates = 3
+    engines.restart(1)
+    before = len(journal.entries)
+    handle = sync.push_one(1)
+    assert journal.entries[before:] == [
+        ("rollout-1#1", "version", ()),
+        ("learner-0", "connect", ("127.0.0.1", 29501, 0, 3, 1234.0)),
+        ("rollout-0", "connect", ("127.0.0.1", 29501, 1, 3, 1234.0)),
+        ("rollout-1#1", "connect", ("127.0.0.1", 29501, 2, 3, 1234.0)),
+        ("learner-0", "send", ()), ("rollout-0", "receive", (3,)), ("rollout-1#1", "receive", (3,))]
+    assert sync.backend.get(handle) == 3 and [e.served for e in engines.workers] == [3, 3]
+    assert sync.members == [0, 1] and sync.port == 29501
+
+    # The next push goes to every engine, the one being replaced too (it is in the world); asked again for engine 1
+    # (a push overtook its load), the sync broadcasts again without forming a new world.
+    before = len(journal.entries)
+    assert sync.finish(sync.start(4, skip={1})).lost == {}
+    assert sync.backend.get(sync.push_one(1)) == 3
+    assert [what for _, what, _ in journal.entries[before:]] == ["send", "receive", "receive"] * 2
+
+
+def test_a_dead_engine_is_replaced_in_the_run_and_serves_the_current_weights():
+    """The producer replaces an engine that died in generation through the NCCL sync's `push_one`: the replacement
+    serves learner 0's current version and takes chunks again."""
+    from distrl.cluster.producer import Producer
+    from distrl.config import RecoveryConfig, RewardConfig
+    from distrl.data import PromptStream
+    from distrl.types import Prompt
+    from tests.one_turn import one_turn
+
+    class Generating(WorldEngine):
+        def generate(self, prompts: list, groups: list[int]):
+            if self.name in self.journal.dies:
+                raise ActorLost(f"{self.name} was killed")
+            k = len(prompts)
+            return one_turn(prompt_ids=[p.prompt_ids for p in prompts], response_ids=[[3]] * k,
+                            rollout_logprobs=[[-0.5]] * k, response_texts=["2"] * k, finish_reasons=["stop"] * k,
+                            group=list(groups), policy_version=[self.served] * k)
+
+    journal = Journal(dies=frozenset({"rollout-1"}))
+    backend = LocalBackend()
+    learners = LocalGroup("learner", backend, lambda i, incarnation: WorldLearner(journal), 1)
+    engines = LocalGroup("rollout", backend, lambda i, incarnation: Generating(
+        journal, f"rollout-{i}" + (f"#{incarnation}" if incarnation else "")), 2)
+    sync = NcclSync(learners, engines, "bfloat16", 2**20, timeout_s=60.0, verify=False)
+    learners.workers[0].updates = 3
+    journal.dies = frozenset()  # the first push reaches both engines
+    sync.push(3)
+    journal.dies = frozenset({"rollout-1"})  # engine 1 dies in its next generation
+    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(8)], seed=0, shuffle=False)
+    producer = Producer(engines, stream, RewardConfig(), prompts_per_step=4, max_staleness=0, chunk_prompts=None,
+                        dynamic_sampling=None, load_weights=sync.push_one, recovery=RecoveryConfig(),
+                        call_timeout_s=60.0, version=3)
+    batch, stats = producer.next_batch(step=4)
+    assert stats.rollout_restarts == 1 and stats.redispatched_prompts == 2
+    assert sorted(batch.rollouts.group) == [0, 1, 2, 3] and set(batch.rollouts.policy_version) == {3}
+    assert engines.name(1) == "rollout-1 (replacement 1)" and engines.workers[1].served == 3
+    assert sync.members == [0, 1] and len(journal.of("connect")) == 6  # two worlds of three ranks

@@ -99,8 +99,8 @@ def default_chunk(prompts_per_step: int, actors: int, max_staleness: int, chunks
 class Producer:
     """Keeps `actors` busy with chunks of `stream`'s prompts; `next_batch(step)` returns `prompts_per_step`
     scored groups usable at `step` under the staleness bound `max_staleness`. `load_weights(i)` loads the
-    learners' current weights into actor i alone and returns a handle resolving to the version it then serves
-    (None: engines cannot be replaced, as with NCCL weight sync; a dead one ends the run)."""
+    learners' current weights into actor i (and possibly, as over NCCL, into the others too) and returns a handle
+    resolving to the version actor i then serves (None: engines cannot be replaced; a dead one ends the run)."""
 
     def __init__(self, actors: ActorGroup[RolloutWorker], stream: PromptStream, reward: RewardConfig, *,
                  prompts_per_step: int, max_staleness: int, chunk_prompts: int | None,
@@ -202,10 +202,9 @@ class Producer:
             return
         name, r = self.actors.name(actor), self.recovery
         if self.load_weights is None:
-            raise RuntimeError(f"rollout actor {name} died, and a new engine cannot join the NCCL weight-sync group "
-                               f"of the running ones: in-job replacement needs cluster.weight_sync=object_store "
-                               f"(continue from the newest checkpoint with --set run.resume=true). Its error: "
-                               f"{error}") from error
+            raise RuntimeError(f"rollout actor {name} died, and this run's weight sync cannot load weights into a "
+                               f"replacement (continue from the newest checkpoint with --set run.resume=true). Its "
+                               f"error: {error}") from error
         now = time.monotonic()
         deaths = self._deaths[actor]
         deaths.append(now)

@@ -165,13 +165,37 @@ class ObjectStoreSync(WeightSync):
         return [self.rollouts.call(i, RolloutWorker.load_weights, version, buckets) for i in to]
 
 
+@dataclass
+class Broadcast:
+    """An NCCL broadcast in flight: learner 0's send and each engine's load (index -> handle), from `started`."""
+
+    sent: Any
+    loads: dict[int, Any]
+    started: float
+
+
 class NcclSync(WeightSync):
+    """Learner 0 broadcasts each push to every engine over an NCCL world of its own: learner 0 is rank 0, engine i
+    rank i + 1. One broadcast is in flight at a time: a push starts once the previous one has ended.
+
+    A dead engine is replaced (`push_one`): every rank drops its communicator and the world forms again, on a
+    fresh port, with the new engine in the dead one's rank; learner 0 then broadcasts its current weights to every
+    engine (a broadcast needs every rank: the others load them again). What cannot be recovered ends the run with
+    an error saying so: an engine that dies while a broadcast waits for it (learner 0 would wait for ever, inside
+    NCCL), or a second engine dead when the world forms again."""
+
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
                  bucket_bytes: int, timeout_s: float, verify: bool):
         super().__init__(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
-        self._sent: Any = None  # the handle of the broadcast `_load` submitted last, until `start` takes it
+        self._sent: Any = None  # the handle of the broadcast `_load` submitted last, until it is recorded
+        self._last: Broadcast | None = None  # the newest broadcast started
+        self.members: list[int] = []  # the incarnation of each engine in the world (`ActorGroup.incarnations`)
+        self.port = 0  # the rendezvous port of the world
         self._wait_ready(list(range(len(rollouts))))
         self._form_world()
+        print(f"weight sync: NCCL, learner 0 and {len(rollouts)} engines. A dead engine is replaced and joins a new "
+              f"NCCL world (cluster.recovery.max_restarts), unless it dies while a broadcast waits for it: that ends "
+              f"the run (continue from the newest checkpoint with --set run.resume=true)", flush=True)
 
     def _wait_ready(self, engines: list[int]) -> None:
         """Wait until `engines` are constructed (each answers its version): the NCCL world's rendezvous waits
@@ -184,61 +208,87 @@ class NcclSync(WeightSync):
 
     def _form_world(self) -> None:
         """Learner 0 (rank 0) and every engine (rank i + 1) make the NCCL world, rendezvous at a free port of
-        learner 0's node, each waiting at most `timeout_s` for the others (vLLM's `store_timeout`)."""
+        learner 0's node, each waiting at most `timeout_s` for the others (vLLM's `store_timeout`); each drops the
+        communicator of an earlier world."""
         host = self.learners.node_ip(0)
-        port = self.backend.answer(self.learners.call(0, Learner.free_port, host), "learner 0's free port",
-                                   self.timeout_s, "cluster.sync_timeout_s")
+        self.port = self.backend.answer(self.learners.call(0, Learner.free_port, host), "learner 0's free port",
+                                        self.timeout_s, "cluster.sync_timeout_s")
         world = len(self.rollouts) + 1
-        self.backend.answer([self.learners.call(0, Learner.nccl_connect, host, port, world, self.timeout_s),
-                             *[self.rollouts.call(i, RolloutWorker.nccl_connect, host, port, i + 1, world,
+        self.members = list(self.rollouts.incarnations)
+        self.backend.answer([self.learners.call(0, Learner.nccl_connect, host, self.port, world, self.timeout_s),
+                             *[self.rollouts.call(i, RolloutWorker.nccl_connect, host, self.port, i + 1, world,
                                                   self.timeout_s) for i in range(len(self.rollouts))]],
                             "the NCCL weight-sync group's connection (learner 0 and every engine)", self.timeout_s,
                             "cluster.sync_timeout_s")
 
-    replaceable = False  # a new engine cannot join the NCCL group of the running ones
-
     def push_one(self, index: int) -> Any:
-        raise RuntimeError("an engine cannot join a running NCCL weight-sync group")
+        """Load learner 0's current weights into engine `index`, a replacement: once the broadcast in flight has
+        ended and the new engine is constructed, the world forms again with it (every rank, a fresh port), and
+        learner 0 broadcasts its current weights to every engine. Returns the handle of engine `index`'s load,
+        resolving to the version it then serves. The driver waits for the broadcast in flight, the new engine's
+        start-up and the world's forming (not for the broadcast of the weights)."""
+        self._end_broadcast()
+        if self.members[index] != self.rollouts.incarnations[index]:
+            self._wait_ready([index])
+            self._form_world()
+            print(f"weight sync: {self.rollouts.name(index)} joined a new NCCL world (port {self.port}) with learner "
+                  f"0 and the other engines", flush=True)
+        everyone = list(range(len(self.rollouts)))
+        loads = self._transfer(self.learners.call(0, Learner.weights_version), everyone)
+        self._last = Broadcast(self._sent, dict(zip(everyone, loads, strict=True)), time.perf_counter())
+        return loads[index]
 
     def start(self, version: int, skip: set[int] | frozenset[int] = frozenset()) -> PendingSync:
         """Submit learner 0's broadcast and every engine's receive, and return at once (as over the object store:
         the driver goes on while the engines finish their chunks and take the weights); `finish` watches the
-        broadcast."""
-        pending = super().start(version, skip)
-        pending.broadcast, self._sent = self._sent, None
+        broadcast. It goes to every engine, `skip` too: a replacement is in the world once `push_one` returned, and
+        a broadcast needs every rank. (It first waits for a broadcast of `push_one` still in flight.)"""
+        self._end_broadcast()
+        pending = super().start(version)
+        pending.broadcast = self._sent
+        self._last = Broadcast(self._sent, pending.handles, pending.started)
         return pending
 
     def finish(self, pending: PendingSync) -> SyncStats:
         """Wait for learner 0's broadcast, failing fast (`_broadcast_done`), then for every engine's load."""
         if pending.broadcast is not None:
-            self._broadcast_done(pending)
+            self._broadcast_done(Broadcast(pending.broadcast, pending.handles, pending.started))
         return super().finish(pending)
 
+    def _end_broadcast(self) -> None:
+        """Wait for the newest broadcast to end (`_broadcast_done`): a world changes, and a broadcast starts, only
+        then."""
+        if self._last is not None:
+            self._broadcast_done(self._last)
+            self._last = None
+
     def _load(self, version: Any, to: list[int]) -> list[Any]:
-        # A broadcast needs every rank: an engine being replaced cannot be left out (push_one refuses to replace).
-        assert len(to) == len(self.rollouts), "an NCCL push goes to every engine"
+        assert len(to) == len(self.rollouts), "an NCCL push goes to every engine: a broadcast needs every rank"
         self._sent = self.learners.map(Learner.nccl_send, self.specs, self.dtype)[0]
         return self.rollouts.map(RolloutWorker.nccl_receive, version, self.specs, self.dtype)
 
-    def _broadcast_done(self, pending: PendingSync) -> None:
-        """Wait for `pending`'s broadcast by learner 0, watching the engines' loads: one that fails (a dead engine
-        leaves the broadcast waiting for ever) or a broadcast not done `timeout_s` after the push started ends the
-        run, naming who did not finish."""
-        sent, deadline = pending.broadcast, pending.started + self.timeout_s
-        waiting = {sent: "learner 0's broadcast", **{h: self.rollouts.name(i) for i, h in pending.handles.items()}}
+    def _broadcast_done(self, broadcast: Broadcast) -> None:
+        """Wait for learner 0's send of `broadcast`, watching the engines' loads: one that fails (a dead engine
+        leaves the broadcast waiting for ever) or a broadcast not done `timeout_s` after it started ends the run,
+        naming who did not finish."""
+        sent, deadline = broadcast.sent, broadcast.started + self.timeout_s
+        waiting = {sent: "learner 0's broadcast", **{h: self.rollouts.name(i) for i, h in broadcast.loads.items()}}
         while sent in waiting:
             done, _ = self.backend.wait(list(waiting), timeout=max(0.0, deadline - time.perf_counter()))
             if not done:
                 raise RuntimeError(f"weight sync (NCCL): not finished within cluster.sync_timeout_s = "
                                    f"{self.timeout_s:g} s: {', '.join(waiting.values())}")
+            if sent in done:  # the broadcast is over: an engine that failed after it is `finish`'s (a lost engine)
+                done = [sent]
             for handle in done:
                 who = waiting.pop(handle)
                 try:
                     self.backend.get(handle)
                 except Exception as err:
                     raise RuntimeError(f"weight sync (NCCL): {who} failed during a broadcast, which cannot go on "
-                                       f"without it (engines cannot be replaced with NCCL sync; continue from the "
-                                       f"newest checkpoint with --set run.resume=true): {err}") from err
+                                       f"without it (an engine that dies while a broadcast waits for it cannot be "
+                                       f"replaced: learner 0 waits inside NCCL; continue from the newest "
+                                       f"checkpoint with --set run.resume=true): {err}") from err
 
 
 def make_weight_sync(kind: str, learners, rollouts, dtype: str, bucket_bytes: int, gpus: bool,
