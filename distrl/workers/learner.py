@@ -149,7 +149,9 @@ class Learner:
 
     def weights_fingerprint(self, dtype: str) -> Fingerprint:
         """Fingerprint of the exported weights as sent (cast to the rollout `dtype`), for the engines to check
-        (learner 0; the others return an empty one). Sharded weights are gathered bucket by bucket."""
+        (learner 0; the others return an empty one). Sharded weights are gathered bucket by bucket, in `dtype`,
+        each bucket's gathers done on every learner before the next (`sharding.gather_bucket`), and fingerprinted on
+        the CPU like a replica's."""
         if not self.strategy.sharded:
             return fingerprint.of_tensors(export.exported(self.model), DTYPES[dtype]) if dist.rank() == 0 else {}
         out: Fingerprint = {}
@@ -169,7 +171,8 @@ class Learner:
 
     def nccl_send(self, specs: list[nccl.Spec], dtype: str) -> None:
         """Broadcast the buckets `specs` (the layout every receiver was given) from learner 0 (the others have
-        nothing to send)."""
+        nothing to send). Each bucket is made on this learner's device, where the broadcast reads it: sharded, it is
+        gathered there in `dtype` and stays there (no copy through the CPU)."""
         for spec in specs:
             bucket = self.strategy.bucket(self.model, spec, dtype, device=self.device)  # every learner gathers
             if dist.rank() == 0:

@@ -119,8 +119,9 @@ class Sharded(Replicated):
 
     def bucket(self, model: torch.nn.Module, spec: export.Spec, dtype: str,
                device: str = "cpu") -> dict[str, torch.Tensor]:
-        gathered = sharding.gather_bucket(model, spec, DTYPES[dtype]) or {}
-        return {name: tensor.to(device) for name, tensor in gathered.items()}
+        """The bucket's full tensors in `dtype` on `device` on learner 0 (empty on the others), gathered from the
+        shards cast to `dtype`; gathered on the GPU, a bucket for the GPU (an NCCL push) stays there."""
+        return sharding.gather_bucket(model, spec, DTYPES[dtype], device) or {}
 
     def save(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
              hf_model: bool) -> None:
