@@ -283,8 +283,8 @@ def test_fractional_gpus_outside_any_nccl_group_are_accepted(tmp_path, overrides
 
 
 def test_the_fractional_gpu_check_of_the_weight_sync_keys_on_the_placement_modes(tmp_path):
-    """Only `cluster.colocate` true or false (actors of their own, weights over NCCL) is checked: a mode of another
-    value (the engine inside the learner's actor, weights passed in the process) builds no NCCL world."""
+    """Every `cluster.colocate` mode but `hybrid` (the engine inside the learner's actor, weights passed in memory:
+    no NCCL world) is checked."""
     from distrl.config.gpus import gpu_sharing_problems
 
     cluster = config.load(write(tmp_path, MINIMAL), ["cluster.learner.num_gpus=1"]).cluster

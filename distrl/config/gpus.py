@@ -9,8 +9,8 @@ only fractional shares are refused, and only where an NCCL group spans the actor
   on both roles on Ray (which then picks NCCL: `distrl.cluster.weight_sync.make_weight_sync`);
 - the learners' (and critics') own process group, NCCL on the GPU, when there are two of them or more.
 
-The weight-sync check applies to the placement modes `cluster.colocate` true and false only: a mode that hosts the
-engine inside the learner's actor passes weights in the process, with no NCCL world.
+The weight-sync check applies to every `cluster.colocate` mode but `hybrid`, whose actors host the engine inside
+the learner's process and pass weights in memory, with no NCCL world.
 
 Also a warning for a role given more than one GPU per actor: each of its actors computes on `cuda:0` only (vLLM with
 `rollout.tensor_parallel_size` 1; one learner, reference or critic per GPU), and the others stay idle.
@@ -21,6 +21,8 @@ from __future__ import annotations
 from distrl.config.cluster import ClusterConfig
 
 ROLES = ("rollout", "learner", "reference", "critic")
+HYBRID = "hybrid"
+"""The `cluster.colocate` mode with the engine in the learner's actor (no NCCL weight-sync world)."""
 
 
 def nccl_weight_sync(c: ClusterConfig) -> bool:
@@ -36,7 +38,7 @@ def _fractional(num_gpus: float) -> bool:
 def gpu_sharing_problems(c: ClusterConfig, critics: bool) -> list[str]:
     """Fractional GPU shares in an NCCL group, one message per field (`critics`: the job has a critic role)."""
     problems = []
-    if isinstance(c.colocate, bool) and nccl_weight_sync(c):
+    if c.colocate != HYBRID and nccl_weight_sync(c):
         how = "nccl" if c.weight_sync == "nccl" else "auto, which picks nccl when both roles have GPUs"
         for role in ("learner", "rollout"):
             share = getattr(c, role).num_gpus
