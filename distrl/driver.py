@@ -116,6 +116,7 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
                                 max_staleness=cfg.max_staleness, chunk_prompts=cfg.rollout.chunk_prompts,
                                 dynamic_sampling=cfg.rollout.dynamic_sampling,
                                 load_weights=roles.sync.push_one if roles.sync.replaceable else None,
+                                unreplaceable=roles.sync.unreplaceable,
                                 recovery=cfg.cluster.recovery, call_timeout_s=cfg.cluster.call_timeout_s,
                                 version=job.last_step, chunks_per_engine=cfg.chunks_per_engine)
         job.producer.lost_in_push(first_push.lost)

@@ -100,14 +100,17 @@ class Producer:
     """Keeps `actors` busy with chunks of `stream`'s prompts; `next_batch(step)` returns `prompts_per_step`
     scored groups usable at `step` under the staleness bound `max_staleness`. `load_weights(i)` loads the
     learners' current weights into actor i (and possibly, as over NCCL, into the others too) and returns a handle
-    resolving to the version actor i then serves (None: engines cannot be replaced; a dead one ends the run)."""
+    resolving to the version actor i then serves (None: engines cannot be replaced, as in hybrid actors,
+    `unreplaceable` says why; a dead one ends the run, or its learner's recovery does)."""
 
     def __init__(self, actors: ActorGroup[RolloutWorker], stream: PromptStream, reward: RewardConfig, *,
                  prompts_per_step: int, max_staleness: int, chunk_prompts: int | None,
                  dynamic_sampling: DynamicSamplingConfig | None, load_weights: Callable[[int], Any] | None,
-                 recovery: RecoveryConfig, call_timeout_s: float, version: int = 0, chunks_per_engine: int = 1):
+                 recovery: RecoveryConfig, call_timeout_s: float, version: int = 0, chunks_per_engine: int = 1,
+                 unreplaceable: str = "engines cannot be replaced in this job"):
         self.actors, self.backend, self.stream, self.reward = actors, actors.backend, stream, reward
         self.load_weights, self.recovery, self.call_timeout_s = load_weights, recovery, call_timeout_s
+        self.unreplaceable = unreplaceable  # why, when load_weights is None
         self.batch, self.k, self.filter = prompts_per_step, max_staleness, dynamic_sampling
         self.chunk = chunk_prompts or default_chunk(prompts_per_step, len(actors), max_staleness, chunks_per_engine)
         self.version = version  # the newest weights pushed to the engines
@@ -202,9 +205,8 @@ class Producer:
             return
         name, r = self.actors.name(actor), self.recovery
         if self.load_weights is None:
-            raise RuntimeError(f"rollout actor {name} died, and this run's weight sync cannot load weights into a "
-                               f"replacement (continue from the newest checkpoint with --set run.resume=true). Its "
-                               f"error: {error}") from error
+            raise RuntimeError(f"rollout actor {name} died, and it cannot be replaced alone: {self.unreplaceable}. "
+                               f"Its error: {error}") from error
         now = time.monotonic()
         deaths = self._deaths[actor]
         deaths.append(now)

@@ -12,15 +12,18 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from distrl.agents.agent import host_of
-from distrl.cluster.backend import Backend
+from distrl.cluster.backend import Backend, RayBackend
 from distrl.cluster.envs import EPISODES_PER_ACTOR, env_client, node_address
-from distrl.cluster.group import ActorGroup, RayGroup, start_group
+from distrl.cluster.group import ActorGroup, start_group
+from distrl.cluster.hybrid import HybridSync, RoleView
 from distrl.cluster.placement import place, release
 from distrl.cluster.weight_sync import WeightSync, make_weight_sync
 from distrl.config import Config, RoleResources
 from distrl.workers.critic import Critic
+from distrl.workers.hybrid import HybridWorker
 from distrl.workers.learner import Learner
 from distrl.workers.reference import ReferenceWorker
 from distrl.workers.rollout import ENGINE_ENV, RolloutWorker
@@ -69,13 +72,14 @@ def role_threads(role: str, cfg: Config) -> int:
         return r.num_threads
     reserved = max(1, math.ceil(r.num_cpus))
     embedded = c.address is None and not os.environ.get("RAY_ADDRESS")
-    if cfg.max_staleness > 0 or not embedded or c.backend == "local":
+    # Hybrid actors run their phases one after the other in either loop: they take turns with nothing but critics.
+    if (cfg.max_staleness > 0 and not c.hybrid_mode) or not embedded or c.backend == "local":
         return reserved
     cores = c.num_cpus or os.cpu_count() or 1
     # Roles that score or train at the same time: the learners with the critics (values beside the old log-probs,
     # updates side by side), and the reference with whichever of them score before the update.
     together = ["learner", *(["critic"] if cfg.critic is not None else [])]
-    if cfg.needs_reference and (cfg.critic is not None or not cfg.old_logprobs_in_update):
+    if cfg.needs_reference and not c.hybrid_mode and (cfg.critic is not None or not cfg.old_logprobs_in_update):
         together.append("reference")
     sharing = r.num_actors
     if role in together and len(together) > 1:
@@ -98,14 +102,15 @@ def started_roles(cfg: Config, backend: Backend, rollout_worker: type = RolloutW
     exit (or if any of that fails halfway) kill every actor started and release the placement groups.
     `rollout_worker` is the engine class (tests of the loop pass one that samples with HF)."""
     c = cfg.cluster
-    demands = {"rollout": c.rollout, "learner": c.learner}
-    if cfg.needs_reference:
+    # Hybrid actors are learners that host the engine and the reference: they take the learners' resources.
+    demands = {"learner": c.learner} if c.hybrid_mode else {"rollout": c.rollout, "learner": c.learner}
+    if cfg.needs_reference and not c.hybrid_mode:
         demands["reference"] = c.reference
     if cfg.critic is not None:
         demands["critic"] = c.critic
     if cfg.env is not None:
         demands["env"] = c.env
-    placements = place(backend, demands, colocate=c.colocate, run_name=cfg.run.name)
+    placements = place(backend, demands, colocate=c.colocate == "pack", run_name=cfg.run.name)
     groups: list[ActorGroup] = []
     try:
         yield _start(cfg, backend, placements, groups, rollout_worker)
@@ -123,42 +128,44 @@ def sampling_seed(cfg: Config) -> int:
 
 def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGroup], rollout_worker: type) -> Roles:
     c, name = cfg.cluster, cfg.run.name
-    temperature = cfg.rollout.sampling.temperature
     envs = None
     if cfg.env is not None:
-        e = cfg.env
-        host, args = host_of(e)
+        host, args = host_of(cfg.env)
         env_group = start_group(backend, host, "env", c.env, placements["env"], run_name=name,
                                 env=actor_env("env", cfg), init=lambda i: (args, {}),
                                 concurrency=EPISODES_PER_ACTOR, self_restarts=c.recovery.max_restarts)
         groups.append(env_group)
         envs = env_client(env_group)
-    rollout = start_group(
-        backend, rollout_worker, "rollout", c.rollout, placements["rollout"], run_name=name,
-        env=actor_env("rollout", cfg, ENGINE_ENV),
-        init=lambda i: ((cfg.rollout, cfg.model), dict(max_prompt_tokens=cfg.longest_prompt_tokens,
-                                                       max_new_tokens=cfg.longest_turn_tokens,
-                                                       seed=sampling_seed(cfg), num_gpus=c.rollout.num_gpus,
-                                                       environment=cfg.env, envs=envs,
-                                                       max_restarts=c.recovery.max_restarts,
-                                                       address=node_address)),
-        # Serving several chunks, an engine also takes weight pushes and checks while they run (between steps).
-        concurrency=1 if cfg.chunks_per_engine == 1 else cfg.chunks_per_engine + 2)
-    groups.append(rollout)
-    learner = start_group(
-        backend, Learner, "learner", c.learner, placements["learner"], run_name=name, env=actor_env("learner", cfg),
-        init=lambda i: ((cfg.model, cfg.learner, cfg.loss), dict(
-            temperature=temperature, norm_len=cfg.norm_len,
-            mini_batch_size=cfg.mini_batch_size, total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed,
-            num_gpus=c.learner.num_gpus)))
-    groups.append(learner)
-    reference = None
-    if cfg.needs_reference:
-        reference = start_group(
-            backend, ReferenceWorker, "reference", c.reference, placements["reference"], run_name=name,
-            env=actor_env("reference", cfg),
-            init=lambda i: ((cfg.reference, cfg.model), dict(temperature=temperature, num_gpus=c.reference.num_gpus)))
-        groups.append(reference)
+    inits = RoleInits(cfg, envs)
+    reference: ActorGroup[ReferenceWorker] | None = None
+    if c.hybrid_mode:
+        hybrids = start_group(
+            backend, HybridWorker, "hybrid", c.learner, placements["learner"], run_name=name,
+            env=actor_env("learner", cfg, ENGINE_ENV),
+            init=lambda i: ((inits.learner(i), inits.rollout(i, c.learner.num_gpus, sleep_mode=True),
+                             inits.reference(i, c.learner.num_gpus) if cfg.needs_reference else None, c.hybrid),
+                            dict(dtype=cfg.rollout.dtype, bucket_bytes=c.sync_bucket_bytes, full_pushes=True,
+                                 sync_loop=cfg.max_staleness == 0, grouped=isinstance(backend, RayBackend))))
+        groups.append(hybrids)
+        rollout: ActorGroup[RolloutWorker] = RoleView(hybrids, "rollout")
+        learner: ActorGroup[Learner] = RoleView(hybrids, "learner")
+        if cfg.needs_reference:
+            reference = RoleView(hybrids, "reference")
+    else:
+        rollout = start_group(
+            backend, rollout_worker, "rollout", c.rollout, placements["rollout"], run_name=name,
+            env=actor_env("rollout", cfg, ENGINE_ENV), init=lambda i: inits.rollout(i, c.rollout.num_gpus),
+            # Serving several chunks, an engine also takes weight pushes and checks while they run (between steps).
+            concurrency=1 if cfg.chunks_per_engine == 1 else cfg.chunks_per_engine + 2)
+        groups.append(rollout)
+        learner = start_group(backend, Learner, "learner", c.learner, placements["learner"], run_name=name,
+                              env=actor_env("learner", cfg), init=inits.learner)
+        groups.append(learner)
+        if cfg.needs_reference:
+            reference = start_group(backend, ReferenceWorker, "reference", c.reference, placements["reference"],
+                                    run_name=name, env=actor_env("reference", cfg),
+                                    init=lambda i: inits.reference(i, c.reference.num_gpus))
+            groups.append(reference)
     critic = None
     if cfg.critic is not None:
         critic_cfg = cfg.critic
@@ -168,15 +175,47 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
                 mini_batch_size=cfg.critic_mini_batch_size, total_optimizer_steps=critic_optimizer_steps(cfg),
                 seed=cfg.run.seed, num_gpus=c.critic.num_gpus)))
         groups.append(critic)
-    if isinstance(learner, RayGroup):  # the local backend holds one learner, which needs no process group
+    if isinstance(backend, RayBackend):  # the local backend holds one learner, which needs no process group
         _connect(backend, learner, "learner", Learner.free_port, Learner.connect, c.call_timeout_s,
                  group_timeout_s(cfg))
-    if isinstance(critic, RayGroup):  # the critics' own group: their gradients are summed apart from the policy's
-        _connect(backend, critic, "critic", Critic.free_port, Critic.connect, c.call_timeout_s, group_timeout_s(cfg))
-    gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
-    sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes, gpus,
-                            c.sync_timeout_s, c.verify_weights)
+        if critic is not None:  # the critics' own group: their gradients are summed apart from the policy's
+            _connect(backend, critic, "critic", Critic.free_port, Critic.connect, c.call_timeout_s,
+                     group_timeout_s(cfg))
+    if c.hybrid_mode:
+        sync: WeightSync = HybridSync(hybrids, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes,
+                                      c.sync_timeout_s, c.verify_weights)
+    else:
+        gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
+        sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes, gpus,
+                                c.sync_timeout_s, c.verify_weights)
     return Roles(backend, rollout, learner, reference, sync, critic)
+
+
+@dataclass
+class RoleInits:
+    """The constructor arguments (args, kwargs) of each role's worker i, the same in its own actor and in a hybrid
+    one."""
+
+    cfg: Config
+    envs: Any
+
+    def learner(self, i: int) -> tuple[tuple, dict]:
+        cfg = self.cfg
+        return (cfg.model, cfg.learner, cfg.loss), dict(
+            temperature=cfg.rollout.sampling.temperature, norm_len=cfg.norm_len, mini_batch_size=cfg.mini_batch_size,
+            total_optimizer_steps=total_optimizer_steps(cfg), seed=cfg.run.seed, num_gpus=cfg.cluster.learner.num_gpus)
+
+    def rollout(self, i: int, num_gpus: float, sleep_mode: bool = False) -> tuple[tuple, dict]:
+        cfg = self.cfg
+        return (cfg.rollout, cfg.model), dict(
+            max_prompt_tokens=cfg.longest_prompt_tokens, max_new_tokens=cfg.longest_turn_tokens,
+            seed=sampling_seed(cfg), num_gpus=num_gpus, environment=cfg.env, envs=self.envs,
+            max_restarts=cfg.cluster.recovery.max_restarts, address=node_address,
+            **({"sleep_mode": True} if sleep_mode else {}))
+
+    def reference(self, i: int, num_gpus: float) -> tuple[tuple, dict]:
+        cfg = self.cfg
+        return (cfg.reference, cfg.model), dict(temperature=cfg.rollout.sampling.temperature, num_gpus=num_gpus)
 
 
 GROUP_TIMEOUT_MARGIN_S = 300.0
@@ -192,7 +231,7 @@ def group_timeout_s(cfg: Config) -> float:
     return cfg.cluster.sync_timeout_s + GROUP_TIMEOUT_MARGIN_S
 
 
-def _connect(backend: Backend, group: RayGroup, role: str, free_port, connect, timeout_s: float,
+def _connect(backend: Backend, group: Any, role: str, free_port, connect, timeout_s: float,
              group_timeout: float) -> None:
     """Join the actors of `group` in one torch.distributed group whose collectives time out after `group_timeout`
     seconds, rendezvous at a free port of actor 0's node."""

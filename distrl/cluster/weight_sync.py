@@ -104,6 +104,8 @@ class WeightSync(ABC):
 
     replaceable = True
     """Whether a new engine can take a dead one's place (`push_one`)."""
+    unreplaceable = ""
+    """Why not, when it cannot."""
 
     def push_one(self, index: int) -> Any:
         """Load learner 0's current weights into rollout actor `index` alone (a replacement); returns a handle that

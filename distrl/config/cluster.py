@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from distrl.config.base import Section
 
@@ -41,6 +41,20 @@ class RecoveryConfig(Section):
     0: such a death ends the run."""
 
 
+class HybridConfig(Section):
+    """How the engine and the learner of one hybrid actor (`cluster.colocate: hybrid`) share its GPU. On CPU both stay
+    in memory (vLLM's CPU build has no sleep mode) and these settings change nothing."""
+
+    sleep_level: Literal[1, 2] | None = None
+    """How the engine sleeps while the learner scores and trains: 1 moves its weights to CPU memory and releases its
+    KV cache; 2 also discards the weights, which the next weight push loads anyway (vLLM's own advice for RL). Null:
+    2 when every push carries every weight (full fine-tuning), 1 when pushes carry LoRA adapters only (the base
+    weights must survive the sleep)."""
+    offload_optimizer: bool = True
+    """Move the optimizer's state to CPU memory while the engine generates (and back before the update): on a 7B
+    model AdamW's fp32 moments are about 61 GB, unsharded, which the engine's KV cache can use meanwhile."""
+
+
 class ClusterConfig(Section):
     backend: Literal["ray", "local"] = "ray"
     """`ray`: every role in Ray actors. `local`: every role as a plain object in the driver's process (one
@@ -62,11 +76,19 @@ class ClusterConfig(Section):
     """Critic actors (data-parallel like the learners; only with a `critic` section)."""
     env: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0.25))
     """Environment actors (only with an `env` section): each hosts many episodes' environments at once."""
-    colocate: bool = False
-    """Pack all roles into one placement group (PACK over the whole job) instead of one group per role."""
+    colocate: Literal["none", "pack", "hybrid"] = "none"
+    """Where the roles run. `none`: each role in a placement group of its own (PACK). `pack`: every role's actors in
+    one placement group (PACK over the whole job), still one actor, and its own GPUs, per role. `hybrid`: each learner
+    actor also hosts a vLLM engine and (with a KL term) the reference model, in its own process on its own device:
+    the phases take turns inside the actor and weights pass to the engine in memory, bucket by bucket (on GPUs the
+    engine sleeps while the learner works: `cluster.hybrid`). The hybrid actors take `cluster.learner`'s resources;
+    `cluster.rollout` and `cluster.reference` are not used. `true` and `false` read as `pack` and `none`."""
+    hybrid: HybridConfig = Field(default_factory=HybridConfig)
+    """How a hybrid actor's engine and learner share its GPU (`colocate: hybrid` only)."""
     weight_sync: Literal["auto", "object_store", "nccl"] = "auto"
     """Learner -> rollout weight transport: `auto` is nccl when learners and rollout actors have GPUs, else the
-    Ray object store."""
+    Ray object store; in hybrid mode (`colocate: hybrid`) the weights pass in the actor's own memory, and only `auto`
+    is accepted."""
     sync_bucket_bytes: int = Field(default=64 * 2**20, gt=0)
     """Weights travel in buckets of about this many bytes."""
     sync_timeout_s: float = Field(default=1800.0, gt=0.0)
@@ -89,3 +111,13 @@ class ClusterConfig(Section):
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
     """What the run does when an actor dies: rollout actors are replaced, learners and reference recovered from a
     checkpoint."""
+
+    @field_validator("colocate", mode="before")
+    @classmethod
+    def _colocate_was_a_switch(cls, value: Any) -> Any:
+        return {True: "pack", False: "none"}.get(value, value) if isinstance(value, bool) else value
+
+    @property
+    def hybrid_mode(self) -> bool:
+        """Whether each learner actor hosts the engine and the reference too (`colocate: hybrid`)."""
+        return self.colocate == "hybrid"

@@ -170,6 +170,7 @@ class Config(Section):
             errors.append(f"algorithm.advantage '{adv}' compares samples within a group and needs "
                           f"rollout.n_samples_per_prompt >= 2 (got {g})")
         errors += self._critic_problems()
+        errors += self._hybrid_problems()
         batch, mini = self.global_batch_size, self.mini_batch_size
         learners, micro = self.cluster.learner.num_actors, self.learner.micro_batch_size
         if batch % mini:
@@ -257,11 +258,28 @@ class Config(Section):
                           "cluster.backend 'local' does not have; use cluster.backend 'ray'")
         return errors
 
+    def _hybrid_problems(self) -> list[str]:
+        """A hybrid actor is a learner with its own engine: one engine per learner, weights passed in memory."""
+        c = self.cluster
+        if not c.hybrid_mode:
+            return []
+        errors = []
+        if c.weight_sync != "auto":
+            errors.append(f"cluster.weight_sync '{c.weight_sync}' with cluster.colocate 'hybrid': each hybrid actor "
+                          f"passes the weights to its own engine in memory; leave cluster.weight_sync 'auto'")
+        if "num_actors" in c.rollout.model_fields_set and c.rollout.num_actors != c.learner.num_actors:
+            errors.append(f"cluster.colocate 'hybrid' runs one engine in each learner actor: "
+                          f"cluster.rollout.num_actors ({c.rollout.num_actors}) must equal "
+                          f"cluster.learner.num_actors ({c.learner.num_actors}), or be left out")
+        return errors
+
     def unplaceable(self, have: float, what: str, resource: str) -> str | None:
         """Why the roles' `resource` (num_cpus or num_gpus) cannot fit in the `have` of one node (`what` names
         where that figure comes from), or None. A reward task needs reward.num_cpus besides the actors."""
-        roles = [("rollout", self.cluster.rollout), ("learner", self.cluster.learner)]
-        if self.needs_reference:
+        hybrid = self.cluster.hybrid_mode  # the learners host the engines and the reference
+        roles = [("learner", self.cluster.learner)] if hybrid else [("rollout", self.cluster.rollout),
+                                                                      ("learner", self.cluster.learner)]
+        if self.needs_reference and not hybrid:
             roles.append(("reference", self.cluster.reference))
         if self.critic is not None:
             roles.append(("critic", self.cluster.critic))

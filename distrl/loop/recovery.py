@@ -25,7 +25,8 @@ def dead_actors(roles: Roles, error: Exception) -> list[str] | None:
     """When `error` ended the loop: the learner, reference and critic actors that are dead (asked before the roles are
     ended: afterwards every actor is), [] if only the error says that an actor died, None if none did."""
     try:
-        dead = [g.name(i) for g in (roles.learner, roles.reference, roles.critic) if g is not None for i in g.dead()]
+        groups = {id(g.workers): g for g in (roles.learner, roles.reference, roles.critic) if g is not None}
+        dead = [g.name(i) for g in groups.values() for i in g.dead()]  # hybrid roles are views of one group
     except Exception:  # noqa: BLE001 - the question must not hide the error it is asked about
         dead = []
     return dead if dead or roles.backend.lost(error) else None

@@ -147,6 +147,12 @@ class Learner:
         others return an empty bucket), pickled as raw bytes (`export.Bucket`: engines map it, not copy it)."""
         return export.Bucket(self.strategy.bucket(self.model, spec, dtype))
 
+    def local_bucket(self, spec: export.Spec, dtype: str) -> dict[str, torch.Tensor]:
+        """One bucket of `weight_specs` in `dtype` on this learner's device, on every learner (a hybrid actor loads
+        its own engine, in memory; sharded weights are gathered, every learner taking part). With the replicate
+        strategy and `dtype` the training dtype, the tensors are the model's own."""
+        return self.strategy.bucket(self.model, spec, dtype, device=self.device, every_rank=True)
+
     def weights_fingerprint(self, dtype: str) -> Fingerprint:
         """Fingerprint of the exported weights as sent (cast to the rollout `dtype`), for the engines to check
         (learner 0; the others return an empty one). Sharded weights are gathered bucket by bucket, in `dtype`,

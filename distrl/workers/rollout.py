@@ -146,7 +146,7 @@ class RolloutWorker:
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
                  num_gpus: float = 0.0, environment: EnvConfig | None = None, envs: EnvClient | None = None,
                  max_restarts: int = 0, address: Callable[[], str] = lambda: "127.0.0.1",
-                 max_new_tokens: int | None = None):
+                 max_new_tokens: int | None = None, sleep_mode: bool = False, in_process_group: bool = False):
         for key, value in ENGINE_ENV.items():
             os.environ.setdefault(key, value)
         from vllm import LLM
@@ -174,13 +174,22 @@ class RolloutWorker:
             enable_prefix_caching=True,
         )
         if on_gpu:
-            engine_args["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            # sleep_mode: a hybrid actor's engine releases the GPU while its learner works (`sleep`, `wake_up`).
+            engine_args.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=sleep_mode)
         else:
             # Chunked prefill off: when it splits a prompt, vLLM rewinds the request's seeded generator with
             # set_offset, which CPU generators do not have ("CPU Generator does not use offset"), so a step whose
             # prompts pass the token budget (4096) would crash. Whole prompts are scheduled instead.
             engine_args.update(kv_cache_memory_bytes=cfg.kv_cache_bytes, distributed_executor_backend="uni",
                                enable_chunked_prefill=False)
+        if in_process_group:
+            # A hybrid actor's engine, built once its learner joined the learners' process group: vLLM would make
+            # its own world group the process's default one, which the learners' already is. With the external
+            # launcher it takes the existing group as its world instead (as many data-parallel replicas of a TP 1
+            # engine, each serving its own requests: no collective while serving) and makes its model-parallel
+            # groups inside it, a collective that every learner makes at once. It reads its rank from RANK.
+            os.environ.update(RANK=str(torch.distributed.get_rank()), LOCAL_RANK="0")
+            engine_args["distributed_executor_backend"] = "external_launcher"
         self.engine = EngineLoop(lambda: LLM(**engine_args))
         # The engine's thread (which holds the engine) ends with the worker, and so does the agents' endpoint.
         self._end = weakref.finalize(self, _end_worker, self.engine, self._serving)
@@ -239,6 +248,15 @@ class RolloutWorker:
     def version(self) -> int:
         """The policy version this engine serves."""
         return self.policy_version
+
+    def sleep(self, level: int) -> None:
+        """Release the engine's GPU memory (built with `sleep_mode`): level 1 moves the weights to CPU memory and drops
+        the KV cache, level 2 drops both. Nothing may generate until `wake_up`."""
+        self.engine.call(self.llm.sleep, level=level)
+
+    def wake_up(self, tags: list[str]) -> None:
+        """Take back the GPU memory of `tags` ("weights", "kv_cache") that `sleep` released."""
+        self.engine.call(self.llm.wake_up, tags=tags)
 
     def load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         """Replace the engine's weights in place with HF-named tensors, bucket by bucket; returns the new version.

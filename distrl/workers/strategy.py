@@ -57,10 +57,11 @@ class Replicated:
     def clip(self, params: list[torch.nn.Parameter], max_norm: float | None) -> float:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm or math.inf))
 
-    def bucket(self, model: torch.nn.Module, spec: export.Spec, dtype: str,
-               device: str = "cpu") -> dict[str, torch.Tensor]:
-        """The bucket's full tensors in `dtype` on `device` on learner 0 (empty on the others)."""
-        return export.bucket(model, spec, dtype, device) if dist.rank() == 0 else {}
+    def bucket(self, model: torch.nn.Module, spec: export.Spec, dtype: str, device: str = "cpu",
+               every_rank: bool = False) -> dict[str, torch.Tensor]:
+        """The bucket's full tensors in `dtype` on `device` on learner 0 (empty on the others, unless
+        `every_rank`)."""
+        return export.bucket(model, spec, dtype, device) if every_rank or dist.rank() == 0 else {}
 
     def save(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
              hf_model: bool) -> None:
@@ -117,11 +118,12 @@ class Sharded(Replicated):
     def clip(self, params: list[torch.nn.Parameter], max_norm: float | None) -> float:
         return float(sharding.clip_grad_norm_(params, max_norm or math.inf))
 
-    def bucket(self, model: torch.nn.Module, spec: export.Spec, dtype: str,
-               device: str = "cpu") -> dict[str, torch.Tensor]:
-        """The bucket's full tensors in `dtype` on `device` on learner 0 (empty on the others), gathered from the
-        shards cast to `dtype`; gathered on the GPU, a bucket for the GPU (an NCCL push) stays there."""
-        return sharding.gather_bucket(model, spec, DTYPES[dtype], device) or {}
+    def bucket(self, model: torch.nn.Module, spec: export.Spec, dtype: str, device: str = "cpu",
+               every_rank: bool = False) -> dict[str, torch.Tensor]:
+        """The bucket's full tensors in `dtype` on `device` on learner 0 (on every learner with `every_rank`; empty
+        on the others), gathered from the shards cast to `dtype`; gathered on the GPU, a bucket for the GPU (an NCCL
+        push, a hybrid actor's engine) stays there."""
+        return sharding.gather_bucket(model, spec, DTYPES[dtype], device, every_rank) or {}
 
     def save(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
              hf_model: bool) -> None:

@@ -30,11 +30,11 @@ from distrl.workers.sharding.load import aliases
 
 
 @torch.no_grad()
-def gather_bucket(model: torch.nn.Module, spec: Spec, dtype: torch.dtype, device: str | torch.device = "cpu"
-                  ) -> dict[str, torch.Tensor] | None:
-    """The full tensors of bucket `spec`, cast to `dtype`, contiguous on `device`, on rank 0; None on the other
-    ranks. Every rank must call it with the same `spec`; each returns once its part of the bucket's gathers is done
-    (`bound_run_ahead`).
+def gather_bucket(model: torch.nn.Module, spec: Spec, dtype: torch.dtype, device: str | torch.device = "cpu",
+                  every_rank: bool = False) -> dict[str, torch.Tensor] | None:
+    """The full tensors of bucket `spec`, cast to `dtype`, contiguous on `device`, on rank 0 (on every rank with
+    `every_rank`); None on the other ranks. Every rank must call it with the same `spec`; each returns once its part
+    of the bucket's gathers is done (`bound_run_ahead`).
 
     Each shard is cast to `dtype` before it is gathered, not after: the cast is elementwise, so gathering the cast
     shards gives exactly the cast of the gathered tensor, and in the lower precision of the two (the export dtype,
@@ -42,7 +42,7 @@ def gather_bucket(model: torch.nn.Module, spec: Spec, dtype: torch.dtype, device
     bytes. (The training compute dtype would not do: with float32 engines and bfloat16 compute it would round
     weights the export must send exactly.)"""
     state = model.state_dict()
-    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    rank0 = every_rank or not dist.is_initialized() or dist.get_rank() == 0
     out = {}
     mesh_device = None
     for name, _ in spec:

@@ -1,0 +1,189 @@
+"""Hybrid mode (`cluster.colocate: hybrid`): the config's rules, the turns the device takes between the engine and the
+learner (with fakes: the CPU build has no sleep mode), the role views' routing, and a run on the local backend that
+equals the same run with every role apart, row for row (real vLLM and transformers, in this process)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from distrl import config
+from distrl.cluster.backend import LocalBackend
+from distrl.cluster.group import LocalGroup
+from distrl.cluster.hybrid import RoleView
+from distrl.cluster.roles import role_threads
+from distrl.workers import hybrid
+from distrl.workers.hybrid import DeviceTurns
+from distrl.workers.learner import Learner
+from distrl.workers.reference import ReferenceWorker
+from distrl.workers.rollout import RolloutWorker
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def quickstart(*overrides: str) -> config.Config:
+    return config.load(ROOT / "configs" / "quickstart.yaml", ["eval=null", *overrides])
+
+
+# ------------------------------------------------------------------------------------------------------ config
+@pytest.mark.parametrize("value,read", [("true", "pack"), ("false", "none"), ("hybrid", "hybrid"), ("pack", "pack")])
+def test_colocate_reads_the_old_switch_and_the_modes(value, read):
+    assert quickstart(f"cluster.colocate={value}").cluster.colocate == read
+
+
+def test_hybrid_refuses_a_transport_and_an_engine_count_of_its_own():
+    with pytest.raises(config.ConfigError) as err:
+        quickstart("cluster.colocate=hybrid", "cluster.weight_sync=object_store", "cluster.learner.num_actors=2",
+                   "cluster.learner.num_cpus=0.5")
+    message = str(err.value)
+    assert "cluster.weight_sync 'object_store' with cluster.colocate 'hybrid'" in message
+    assert "cluster.rollout.num_actors (1) must equal cluster.learner.num_actors (2)" in message
+
+
+def test_hybrid_engines_follow_the_learners_when_no_count_is_given():
+    cfg = config.from_dict({"model": {"path": "m"}, "data": {"path": "d.jsonl"},
+                            "cluster": {"colocate": "hybrid", "learner": {"num_actors": 2}}})
+    assert cfg.cluster.hybrid_mode and cfg.cluster.learner.num_actors == 2
+
+
+def test_hybrid_actors_reserve_only_the_learners_resources():
+    # Apart, the quickstart's roles reserve 0.5 + 0.5 + 0.25 CPUs (and a reward task 0.05); hybrid, 0.5 + 0.05.
+    cfg = quickstart("cluster.colocate=hybrid", "cluster.rollout.num_cpus=2", "cluster.reference.num_cpus=2")
+    assert cfg.unplaceable(0.6, "cluster.num_cpus", "num_cpus") is None
+    assert quickstart().unplaceable(0.6, "cluster.num_cpus", "num_cpus") is not None
+
+
+def test_a_hybrid_actor_takes_every_core_in_either_loop(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for loop in ("sync", "async"):
+        cfg = quickstart("cluster.colocate=hybrid", f"loop.mode={loop}", "cluster.num_cpus=2")
+        assert role_threads("learner", cfg) == 2
+    two = quickstart("cluster.colocate=hybrid", "cluster.num_cpus=2", "cluster.learner.num_actors=2",
+                     "cluster.rollout.num_actors=2", "learner.micro_batch_size=16")
+    assert role_threads("learner", two) == 1
+
+
+# ------------------------------------------------------------------------------------------------ device turns
+class FakeEngine:
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def sleep(self, level: int) -> None:
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.calls.append(("wake_up", *tags))
+
+
+def adam_on(device: str) -> torch.optim.Optimizer:
+    p = torch.nn.Parameter(torch.ones(3, device=device))
+    optimizer = torch.optim.AdamW([p])
+    p.grad = torch.ones(3, device=device)
+    optimizer.step()
+    return optimizer
+
+
+@pytest.fixture
+def no_cuda_sync(monkeypatch):
+    """The turns synchronise and empty CUDA's cache: stand-ins on this CPU-only machine."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+
+def test_the_engine_sleeps_for_the_learner_and_wakes_weights_first(no_cuda_sync):
+    engine, restored = FakeEngine(), []
+    turns = DeviceTurns(engine, lambda: None, "cpu", sleep_level=1, offload_optimizer=False, enabled=True)
+    turns.learner_turn(training=False)
+    turns.learner_turn(training=True)  # already asleep: nothing more
+    turns.engine_turn(restore=lambda: restored.append(1))
+    turns.engine_turn(restore=lambda: restored.append(1))  # awake: nothing
+    assert engine.calls == [("sleep", 1), ("wake_up", "weights"), ("wake_up", "kv_cache")]
+    assert restored == []  # level 1 kept the weights
+
+
+def test_level_two_weights_come_back_from_a_push_or_else_from_the_learner(no_cuda_sync):
+    engine, restored = FakeEngine(), []
+    turns = DeviceTurns(engine, lambda: None, "cpu", sleep_level=2, offload_optimizer=False, enabled=True)
+    turns.learner_turn(training=True)
+    turns.weights_turn()  # a push: it writes every weight
+    turns.loaded()
+    turns.engine_turn(restore=lambda: restored.append(1))
+    assert engine.calls == [("sleep", 2), ("wake_up", "weights"), ("wake_up", "kv_cache")]
+    assert restored == []
+    turns.learner_turn(training=True)
+    turns.engine_turn(restore=lambda: restored.append(1))  # no push since the sleep: the learner's weights
+    assert restored == [1]
+    assert engine.calls[-3:] == [("sleep", 2), ("wake_up", "weights"), ("wake_up", "kv_cache")]
+
+
+def test_the_optimizer_state_leaves_the_device_while_the_engine_generates(no_cuda_sync, monkeypatch):
+    moves: list[str] = []
+    monkeypatch.setattr(hybrid, "move_optimizer_state", lambda optimizer, device: moves.append(device))
+    turns = DeviceTurns(FakeEngine(), lambda: adam_on("cpu"), "cuda", sleep_level=1, offload_optimizer=True,
+                        enabled=True)
+    turns.engine_turn(restore=lambda: None)
+    turns.engine_turn(restore=lambda: None)
+    turns.learner_turn(training=False)  # scoring needs no optimizer
+    assert moves == ["cpu"]
+    turns.learner_turn(training=True)
+    turns.learner_turn(training=True)
+    assert moves == ["cpu", "cuda"]
+
+
+def test_moving_the_optimizer_state_keeps_it_and_its_step_counts():
+    optimizer = adam_on("cpu")
+    before = {k: v.clone() for k, v in next(iter(optimizer.state.values())).items()}
+    hybrid.move_optimizer_state(optimizer, "cpu")
+    after = next(iter(optimizer.state.values()))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_on_the_cpu_build_the_turns_change_nothing():
+    engine, optimizer = FakeEngine(), adam_on("cpu")
+    turns = DeviceTurns(engine, lambda: optimizer, "cpu", sleep_level=2, offload_optimizer=True, enabled=False)
+    turns.learner_turn(training=True)
+    turns.weights_turn()
+    turns.loaded()
+    turns.engine_turn(restore=lambda: pytest.fail("nothing to restore"))
+    assert engine.calls == []
+
+
+# ---------------------------------------------------------------------------------------------------- views
+class FakeHybrid:
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def run(self, part: str, method: str, *args, **kwargs):
+        self.calls.append((part, method, args, kwargs))
+        return f"{part}.{method}"
+
+
+def test_a_role_view_calls_its_part_of_the_same_actors():
+    hybrids = LocalGroup("hybrid", LocalBackend(), lambda i, incarnation: FakeHybrid(), 2)
+    learner, rollout = RoleView(hybrids, "learner"), RoleView(hybrids, "rollout")
+    assert LocalBackend().get(learner.call(1, Learner.update, "batch", k=1)) == "learner.update"
+    assert LocalBackend().get(rollout.map(RolloutWorker.version)) == ["rollout.version"] * 2
+    assert LocalBackend().get(RoleView(hybrids, "reference").call(0, ReferenceWorker.logprobs, "s")) \
+        == "reference.logprobs"
+    assert hybrids.workers[1].calls == [("learner", "update", ("batch",), {"k": 1}), ("rollout", "version", (), {})]
+    assert len(learner) == 2 and learner.name(1) == "hybrid-1" and learner.incarnations is hybrids.incarnations
+    with pytest.raises(RuntimeError, match="hosts a learner: it cannot be replaced alone"):
+        rollout.restart(0)
+
+
+# ------------------------------------------------------------------------------------------- a real local run
+def test_a_hybrid_run_equals_the_same_run_with_every_role_apart(tmp_path, tiny_model_dir):
+    """Same seeds, same weights (the fingerprint check verifies every push), same engine settings: the hybrid
+    actor's in-memory push must give exactly the rows that the object store's push gives."""
+    from distrl.driver import train
+
+    def run(name: str, *extra: str) -> list[dict]:
+        cfg = quickstart(f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path}", f"run.name={name}",
+                         "run.progress=false", "run.tensorboard=false", "cluster.backend=local", "run.steps=3",
+                         "run.checkpoint_at_end=false", *extra)
+        return train(cfg)
+
+    apart, hybrid = run("apart"), run("hybrid", "cluster.colocate=hybrid")
+    keys = ["reward/mean", "loss/policy", "loss/kl", "kl/ref", "learner/tokens", "learner/grad_norm"]
+    assert [[h[k] for k in keys] for h in hybrid] == [[h[k] for k in keys] for h in apart]
+    assert len({h["reward/mean"] for h in apart}) > 1  # the weights changed between the steps
