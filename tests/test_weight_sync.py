@@ -373,7 +373,7 @@ def test_a_replacement_joins_a_new_nccl_world_and_every_engine_gets_the_current_
     before = len(journal.entries)
     handle = sync.push_one(1)
     assert journal.entries[before:] == [
-        ("rollout-1#1", "version", ()),
+        ("rollout-0", "version", ()), ("rollout-1#1", "version", ()),
         ("learner-0", "connect", ("127.0.0.1", 29501, 0, 3, 1234.0)),
         ("rollout-0", "connect", ("127.0.0.1", 29501, 1, 3, 1234.0)),
         ("rollout-1#1", "connect", ("127.0.0.1", 29501, 2, 3, 1234.0)),
@@ -426,3 +426,22 @@ def test_a_dead_engine_is_replaced_in_the_run_and_serves_the_current_weights():
     assert sorted(batch.rollouts.group) == [0, 1, 2, 3] and set(batch.rollouts.policy_version) == {3}
     assert engines.name(1) == "rollout-1 (replacement 1)" and engines.workers[1].served == 3
     assert sync.members == [0, 1] and len(journal.of("connect")) == 6  # two worlds of three ranks
+
+
+def test_a_second_dead_engine_when_the_world_forms_again_ends_the_run_saying_so():
+    """Engine 1 is replaced while engine 0 is dead too (not yet noticed): no rank connects (a world of ranks that
+    cannot all join would leave the others waiting), and the error says why the run cannot go on."""
+
+    class Dead(WorldEngine):
+        def version(self) -> int:
+            raise ActorLost(f"{self.name} died")
+
+    journal = Journal()
+    sync, engines = nccl_world(journal)
+    engines.workers[0] = Dead(journal, "rollout-0")
+    engines.restart(1)
+    connects = len(journal.of("connect"))
+    with pytest.raises(RuntimeError, match=r"weight sync \(NCCL\): rollout-1 \(replacement 1\) was to join a new "
+                                           r"NCCL world, but another engine is dead too.*rollout-0 died"):
+        sync.push_one(1)
+    assert len(journal.of("connect")) == connects

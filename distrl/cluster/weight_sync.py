@@ -225,17 +225,25 @@ class NcclSync(WeightSync):
 
     def push_one(self, index: int) -> Any:
         """Load learner 0's current weights into engine `index`, a replacement: once the broadcast in flight has
-        ended and the new engine is constructed, the world forms again with it (every rank, a fresh port), and
+        ended and every engine, the new one too, answers, the world forms again with it (every rank, a fresh port), and
         learner 0 broadcasts its current weights to every engine. Returns the handle of engine `index`'s load,
         resolving to the version it then serves. The driver waits for the broadcast in flight, the new engine's
         start-up and the world's forming (not for the broadcast of the weights)."""
         self._end_broadcast()
+        everyone = list(range(len(self.rollouts)))
         if self.members[index] != self.rollouts.incarnations[index]:
-            self._wait_ready([index])
+            try:  # every rank must join: one found dead now would leave the others waiting in the rendezvous
+                self._wait_ready(everyone)
+            except Exception as err:
+                if not self.backend.lost(err):
+                    raise
+                raise RuntimeError(f"weight sync (NCCL): {self.rollouts.name(index)} was to join a new NCCL world, "
+                                   f"but another engine is dead too, and a world needs every rank (two engines dead "
+                                   f"at once cannot be replaced under NCCL weight sync; continue from the newest "
+                                   f"checkpoint with --set run.resume=true): {err}") from err
             self._form_world()
             print(f"weight sync: {self.rollouts.name(index)} joined a new NCCL world (port {self.port}) with learner "
                   f"0 and the other engines", flush=True)
-        everyone = list(range(len(self.rollouts)))
         loads = self._transfer(self.learners.call(0, Learner.weights_version), everyone)
         self._last = Broadcast(self._sent, dict(zip(everyone, loads, strict=True)), time.perf_counter())
         return loads[index]
