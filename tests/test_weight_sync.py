@@ -442,6 +442,25 @@ def test_a_second_dead_engine_when_the_world_forms_again_ends_the_run_saying_so(
     engines.restart(1)
     connects = len(journal.of("connect"))
     with pytest.raises(RuntimeError, match=r"weight sync \(NCCL\): rollout-1 \(replacement 1\) was to join a new "
-                                           r"NCCL world, but another engine is dead too.*rollout-0 died"):
+                                           r"NCCL world, but rollout-0 is dead too.*rollout-0 died"):
         sync.push_one(1)
     assert len(journal.of("connect")) == connects
+
+
+def test_a_replacement_that_dies_starting_fails_its_load_and_is_replaced_again():
+    """Only the new engine is dead: no world forms, and the handle push_one returns fails with its death, which the
+    producer takes as a death of that engine (within its restart budget)."""
+
+    class DiesStarting(WorldEngine):
+        def version(self) -> int:
+            raise ActorLost(f"{self.name} died starting")
+
+    journal = Journal()
+    sync, engines = nccl_world(journal)
+    engines.restart(1)
+    engines.workers[1] = DiesStarting(journal, "rollout-1#1")
+    connects = len(journal.of("connect"))
+    handle = sync.push_one(1)
+    with pytest.raises(ActorLost, match="rollout-1#1 died starting"):
+        sync.backend.get(handle)
+    assert len(journal.of("connect")) == connects and sync.members == [0, 0]

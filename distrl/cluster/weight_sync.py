@@ -208,6 +208,22 @@ class NcclSync(WeightSync):
                             f"the start-up of {', '.join(self.rollouts.name(i) for i in engines)} before the NCCL "
                             f"weight-sync group forms", self.timeout_s, "cluster.sync_timeout_s")
 
+    def _dead_before_forming(self, engines: list[int]) -> dict[int, BaseException]:
+        """Wait until `engines` are constructed, as `_wait_ready`; returns those found dead, with their error."""
+        handles = {i: self.rollouts.call(i, RolloutWorker.version) for i in engines}
+        dead: dict[int, BaseException] = {}
+        deadline = time.perf_counter() + self.timeout_s
+        for i, handle in handles.items():
+            try:
+                self.backend.answer(handle, f"the start-up of {self.rollouts.name(i)} before the NCCL weight-sync "
+                                    f"group forms again", max(0.0, deadline - time.perf_counter()),
+                                    "cluster.sync_timeout_s")
+            except Exception as err:
+                if not self.rollouts.lost(i, err):
+                    raise
+                dead[i] = err
+        return dead
+
     def _form_world(self) -> None:
         """Learner 0 (rank 0) and every engine (rank i + 1) make the NCCL world, rendezvous at a free port of
         learner 0's node, each waiting at most `timeout_s` for the others (vLLM's `store_timeout`); each drops the
@@ -232,15 +248,18 @@ class NcclSync(WeightSync):
         self._end_broadcast()
         everyone = list(range(len(self.rollouts)))
         if self.members[index] != self.rollouts.incarnations[index]:
-            try:  # every rank must join: one found dead now would leave the others waiting in the rendezvous
-                self._wait_ready(everyone)
-            except Exception as err:
-                if not self.backend.lost(err):
-                    raise
+            # Every rank must join: one found dead now would leave the others waiting in the rendezvous.
+            dead = self._dead_before_forming(everyone)
+            others = {i: err for i, err in dead.items() if i != index}
+            if others:
+                first = next(iter(others.values()))
                 raise RuntimeError(f"weight sync (NCCL): {self.rollouts.name(index)} was to join a new NCCL world, "
-                                   f"but another engine is dead too, and a world needs every rank (two engines dead "
-                                   f"at once cannot be replaced under NCCL weight sync; continue from the newest "
-                                   f"checkpoint with --set run.resume=true): {err}") from err
+                                   f"but {', '.join(self.rollouts.name(i) for i in others)} is dead too, and a world "
+                                   f"needs every rank (two engines dead at once cannot be replaced under NCCL weight "
+                                   f"sync; continue from the newest checkpoint with --set run.resume=true): {first}"
+                                   ) from first
+            if dead:  # the replacement died starting: its load fails with that death, and the producer replaces it
+                return self.rollouts.call(index, RolloutWorker.version)
             self._form_world()
             print(f"weight sync: {self.rollouts.name(index)} joined a new NCCL world (port {self.port}) with learner "
                   f"0 and the other engines", flush=True)
