@@ -3,6 +3,7 @@ it was set, overrides apply, and validation stays light (no torch / Ray / vLLM).
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,15 @@ BAD = [
     (["run.trackers=[jsonl, neptune]"], "run.trackers.1"),
     (["run.mlflow.experiment=x"], "run.mlflow is set but run.trackers does not list mlflow"),
     (["run.tensorboard=2"], "run.tensorboard must be true or false"),
+    # B3: fractional GPUs in an NCCL group ("Duplicate GPU detected")
+    (["cluster.learner.num_gpus=0.5", "cluster.rollout.num_gpus=1"],
+     "cluster.learner.num_gpus (0.5) is a fraction of a GPU, and cluster.weight_sync is auto, which picks nccl"),
+    (["cluster.learner.num_gpus=1", "cluster.rollout.num_gpus=1.5", "cluster.colocate=true"],
+     "cluster.rollout.num_gpus (1.5) is a fraction of a GPU, and cluster.weight_sync is auto"),
+    (["cluster.weight_sync=nccl", "cluster.learner.num_gpus=1", "cluster.rollout.num_gpus=0.25"],
+     "cluster.rollout.num_gpus (0.25) is a fraction of a GPU, and cluster.weight_sync is nccl:"),
+    (["cluster.weight_sync=object_store", "cluster.learner.num_actors=2", "cluster.learner.num_gpus=0.5"],
+     "cluster.learner.num_gpus (0.5) is a fraction of a GPU with cluster.learner.num_actors = 2"),
 ]
 
 
@@ -259,3 +269,34 @@ def test_dr_grpos_divisor_defaults_to_the_most_tokens_a_sample_can_train_on():
     assert config.from_dict(env).norm_len == 48  # three turns of 16
     assert config.from_dict({**env, "env": {**env["env"], "max_tokens": 40}}).norm_len == 40
     assert config.from_dict({**env, "loss": {"policy": {"norm_len": 7}}}).norm_len == 7
+
+
+@pytest.mark.parametrize("overrides", [
+    ["cluster.learner.num_gpus=0.5", "cluster.rollout.num_gpus=0.5", "cluster.weight_sync=object_store"],
+    ["cluster.learner.num_gpus=1", "cluster.rollout.num_gpus=1", "cluster.colocate=true"],  # whole GPUs: not shared
+    ["cluster.learner.num_gpus=0.5"],  # the engines on the CPU: weights go through the object store
+    ["cluster.learner.num_gpus=1", "cluster.rollout.num_gpus=0.5", "cluster.backend=local"],  # no NCCL locally
+    ["cluster.reference.num_gpus=0.5", "loss.kl.coef=0.1"],  # the reference is in no NCCL group
+], ids=",".join)
+def test_fractional_gpus_outside_any_nccl_group_are_accepted(tmp_path, overrides):
+    config.load(write(tmp_path, MINIMAL), overrides)
+
+
+def test_the_fractional_gpu_check_of_the_weight_sync_keys_on_the_placement_modes(tmp_path):
+    """Every `cluster.colocate` mode but `hybrid` (the engine inside the learner's actor, weights passed in memory:
+    no NCCL world) is checked."""
+    from distrl.config.gpus import gpu_sharing_problems
+
+    cluster = config.load(write(tmp_path, MINIMAL), ["cluster.learner.num_gpus=1"]).cluster
+    shared = cluster.model_copy(update={"rollout": cluster.rollout.model_copy(update={"num_gpus": 0.5})})
+    assert gpu_sharing_problems(shared, critics=False)
+    assert gpu_sharing_problems(shared.model_copy(update={"colocate": "hybrid"}), critics=False) == []
+
+
+def test_a_role_given_more_gpus_than_it_uses_is_warned_about(tmp_path):
+    with pytest.warns(UserWarning, match=r"cluster\.learner\.num_gpus is 2, but each learner actor computes on one "
+                                         r"GPU \(cuda:0\): the other 1 per actor stay idle"):
+        config.load(write(tmp_path, MINIMAL), ["cluster.learner.num_gpus=2", "cluster.rollout.num_gpus=1"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config.load(write(tmp_path, MINIMAL), ["cluster.reference.num_gpus=4"])  # no KL term: no reference actor

@@ -150,7 +150,31 @@ def scenario_offload(rank: int, world: int, model_dir: Path, out: Path) -> dict:
     return result
 
 
-SCENARIOS = {"numerics": scenario_numerics, "checkpoint": scenario_checkpoint, "offload": scenario_offload}
+def scenario_export(rank: int, world: int, model_dir: Path, out: Path) -> dict:
+    """After a training step: the weights gathered in float32 and in bfloat16 (shards cast before the gather), and
+    how many times each rank waited for its gathers (`bound_run_ahead`) against the buckets it gathered."""
+    import torch.distributed
+
+    from distrl.workers.export import specs as weight_specs
+    from distrl.workers.sharding import export as sharded_export
+
+    model, _ = _fsdp(model_dir)
+    train(model.train(), adamw(model), make_batches(1), rank, world, lambda m: None)
+    waits: list[str] = []
+    sharded_export.bound_run_ahead = waits.append  # type: ignore[assignment]  # counted, not run (gloo: a no-op)
+    bf16: dict[str, torch.Tensor] = {}
+    buckets = weight_specs(model, 64 * 2**10, torch.bfloat16)
+    for spec in buckets:
+        bucket = sharded_export.gather_bucket(model, spec, torch.bfloat16)
+        if bucket is not None:
+            bf16.update(bucket)
+    counts: list[list[str] | None] = [None] * world
+    torch.distributed.all_gather_object(counts, waits)
+    return {"float32": full_weights(model), "bfloat16": bf16, "waits": counts, "buckets": len(buckets)}
+
+
+SCENARIOS = {"numerics": scenario_numerics, "checkpoint": scenario_checkpoint, "offload": scenario_offload,
+             "export": scenario_export}
 
 
 def _worker(rank: int, world: int, port: int, scenario: str, model_dir: Path, out: Path) -> None:
@@ -341,3 +365,44 @@ def test_tied_model_with_cpu_offload_equals_replicas(tmp_path):
     # bfloat16 compute: float32 master weights, a loss within bfloat16 rounding of the float32 one.
     assert result["bf16"]["param_dtype"] == "torch.float32"
     assert result["bf16"]["log"][0][0] == pytest.approx(single_log[0][0], rel=2e-2)
+
+
+def test_shards_are_gathered_in_the_export_dtype_and_every_rank_waits_for_each_bucket(tiny_model_dir, tmp_path):
+    """Gathering the shards cast to bfloat16 gives exactly the gathered float32 weights cast to bfloat16 (the cast
+    is elementwise); each rank, not only rank 0, waits for its gathers once per bucket (on CUDA this bounds the
+    all-gathers a rank other than 0 queues, and holds, to one bucket)."""
+    result = _spawn("export", tiny_model_dir, tmp_path)
+    full, bf16 = result["float32"], result["bfloat16"]
+    assert bf16.keys() == full.keys() and result["buckets"] > 2
+    for name, tensor in full.items():
+        assert bf16[name].dtype == torch.bfloat16 and torch.equal(bf16[name], tensor.to(torch.bfloat16)), name
+    assert result["waits"] == [["cpu"] * result["buckets"]] * 2
+
+
+def test_on_cuda_a_rank_waits_for_its_queued_gathers(monkeypatch):
+    """`bound_run_ahead` synchronises the current CUDA stream (the all-gathers' outputs are then released); on the
+    CPU it has nothing to wait for."""
+    from types import SimpleNamespace
+
+    from distrl.workers.sharding.export import bound_run_ahead
+
+    synced: list[str] = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(synchronize=lambda: synced.append("x")))
+    bound_run_ahead("cpu")
+    assert synced == []
+    bound_run_ahead("cuda")
+    assert synced == ["x"]
+
+
+def test_a_bucket_goes_to_the_device_asked_for(tiny_model_dir):
+    """A bucket bound for an NCCL push is asked for on the GPU, and is put there (not through the CPU); here the
+    meta device stands for it, on a plain model."""
+    from transformers import AutoModelForCausalLM
+
+    from distrl.workers.export import specs as weight_specs
+    from distrl.workers.sharding import gather_bucket
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    spec = weight_specs(model, 2**20, torch.bfloat16)[0]
+    bucket = gather_bucket(model, spec, torch.bfloat16, device="meta")
+    assert bucket is not None and {(t.device.type, t.dtype) for t in bucket.values()} == {("meta", torch.bfloat16)}

@@ -62,26 +62,6 @@ def test_a_push_an_engine_does_not_finish_in_time_names_the_engine():
         sync.push(3)
 
 
-def nccl_sync(backend: LocalBackend, engines: LocalGroup) -> NcclSync:
-    """An NcclSync without its NCCL world (its constructor needs GPUs): only the waiting is under test."""
-    sync = NcclSync.__new__(NcclSync)
-    sync.backend, sync.rollouts, sync.timeout_s = backend, engines, 5.0
-    return sync
-
-
-def test_an_nccl_broadcast_ends_when_a_receiver_fails_or_time_runs_out():
-    backend = Stalling()
-    engines = LocalGroup("rollout", backend, lambda i, incarnation: FakeEngine(hangs=False), 2)
-    sync = nccl_sync(backend, engines)
-    with pytest.raises(RuntimeError, match=r"weight sync \(NCCL\): rollout-1 failed during a broadcast, which "
-                                           r"cannot go on without it .*: the engine died"):
-        sync._broadcast_done(Done("hangs"), [Done(1), Done(error=ActorLost("the engine died"))])
-    with pytest.raises(RuntimeError, match=r"not finished within cluster\.sync_timeout_s = 5 s: learner 0's "
-                                           r"broadcast, rollout-0$"):
-        sync._broadcast_done(Done("hangs"), [Done("hangs"), Done(1)])
-    sync._broadcast_done(Done(None), [Done(1), Done(1)])  # every part done: returns
-
-
 # ------------------------------------------------------------------------------------------------ streaming loads
 Alive = list[Callable[[], bool]]
 """One check per tensor (or received buffer) handed out: whether it is still alive anywhere."""
@@ -252,3 +232,235 @@ def test_an_nccl_push_receives_each_bucket_when_the_reload_reaches_it():
     # before loading gives [1, 2, 3]; holding on to the last one, [1, 2, 2]).
     assert receiver.peaks == [1, 1, 1]
     assert count(receiver.alive) == 0
+
+
+# ------------------------------------------------------------------------------- forming the NCCL world (N4)
+class Journal:
+    """What the fakes of an NCCL world were asked, in order: (who, what, arguments)."""
+
+    def __init__(self, hangs: bool = False, dies: frozenset[str] = frozenset()):
+        self.entries: list[tuple[str, str, tuple]] = []
+        self.hangs = hangs  # learner 0's broadcast never ends (a peer holds it up)
+        self.dies = dies  # engines whose receive fails as a dead actor's would
+
+    def note(self, who: str, what: str, *args: Any) -> None:
+        self.entries.append((who, what, args))
+
+    def of(self, what: str) -> list[tuple[str, tuple]]:
+        return [(who, args) for who, w, args in self.entries if w == what]
+
+
+class WorldLearner(FakeLearner):
+    """Learner 0 as the NCCL world sees it: a free port (a new one each time), a connect, a broadcast."""
+
+    def __init__(self, journal: Journal):
+        self.journal, self.ports, self.updates = journal, iter(range(29500, 29600)), 0
+
+    def free_port(self, host: str) -> int:
+        return next(self.ports)
+
+    def nccl_connect(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        self.journal.note("learner-0", "connect", host, port, 0, world_size, timeout_s)
+
+    def nccl_send(self, specs: list, dtype: str) -> str | None:
+        self.journal.note("learner-0", "send")
+        return "hangs" if self.journal.hangs else None
+
+    def weights_version(self) -> int:
+        return self.updates
+
+
+class WorldEngine:
+    """An engine as the NCCL world sees it: its version once constructed, a connect, a receive."""
+
+    def __init__(self, journal: Journal, name: str, starting: str | int = 0):
+        self.journal, self.name, self.served = journal, name, starting
+
+    def version(self) -> str | int:
+        self.journal.note(self.name, "version")
+        return self.served
+
+    def nccl_connect(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        self.journal.note(self.name, "connect", host, port, rank, world_size, timeout_s)
+
+    def nccl_receive(self, version: int, specs: list, dtype: str) -> int:
+        self.journal.note(self.name, "receive", version)
+        if self.name in self.journal.dies:
+            raise ActorLost(f"{self.name} died")
+        self.served = version
+        return version
+
+
+def nccl_world(journal: Journal, engines: int = 2, backend: LocalBackend | None = None, starting=lambda i: 0
+               ) -> tuple[NcclSync, LocalGroup]:
+    backend = backend or LocalBackend()
+    learners = LocalGroup("learner", backend, lambda i, incarnation: WorldLearner(journal), 1)
+    rollouts = LocalGroup("rollout", backend, lambda i, incarnation: WorldEngine(
+        journal, f"rollout-{i}" + (f"#{incarnation}" if incarnation else ""), starting(i)), engines)
+    return NcclSync(learners, rollouts, "bfloat16", 2**20, timeout_s=1234.0, verify=False), rollouts
+
+
+def test_the_nccl_world_forms_only_once_every_engine_is_constructed():
+    """Every engine answers its version (its constructor is done) before learner 0 opens the world's rendezvous,
+    which then waits cluster.sync_timeout_s for the ranks (not vLLM's 300 s)."""
+    journal = Journal()
+    nccl_world(journal, engines=3)
+    whats = [what for _, what, _ in journal.entries]
+    assert whats == ["version"] * 3 + ["connect"] * 4
+    assert journal.of("connect") == [
+        ("learner-0", ("127.0.0.1", 29500, 0, 4, 1234.0)),
+        *[(f"rollout-{i}", ("127.0.0.1", 29500, i + 1, 4, 1234.0)) for i in range(3)]]
+
+
+def test_an_engine_that_does_not_start_in_time_names_itself_before_any_rank_connects():
+    journal = Journal()
+    with pytest.raises(TimeoutError, match=r"the start-up of rollout-0, rollout-1 before the NCCL weight-sync group "
+                                           r"forms has not returned within cluster\.sync_timeout_s = 1234 s"):
+        nccl_world(journal, backend=Stalling(), starting=lambda i: "hangs" if i == 1 else 0)
+    assert not journal.of("connect")
+
+
+def test_the_communicator_waits_the_timeout_it_is_given_for_the_ranks(monkeypatch):
+    """`make_communicator` hands vLLM's StatelessProcessGroup the timeout as its `store_timeout` (whole seconds)."""
+    from vllm.distributed import utils
+    from vllm.distributed.device_communicators import pynccl
+
+    made: list[dict] = []
+    monkeypatch.setattr(utils.StatelessProcessGroup, "create", staticmethod(lambda **kw: made.append(kw) or "group"))
+    monkeypatch.setattr(pynccl, "PyNcclCommunicator", lambda group, device: (group, device))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert nccl.make_communicator("10.0.0.1", 29501, 2, 3, 1800.5) == ("group", 0)
+    assert made == [{"host": "10.0.0.1", "port": 29501, "rank": 2, "world_size": 3, "store_timeout": 1801}]
+
+
+# ----------------------------------------------------------------------------- a push that does not block (N5)
+def test_an_nccl_push_returns_at_once_and_finish_watches_the_broadcast():
+    """`start` submits the broadcast and the receives and returns without waiting (the asynchronous loop's driver
+    goes on); `finish` waits for learner 0's broadcast with the engines' loads and returns their versions."""
+    journal = Journal(hangs=True)
+    sync, _ = nccl_world(journal, backend=Stalling())
+    pending = sync.start(4)  # learner 0's broadcast never ends, and start does not wait for it
+    assert pending.broadcast is not None and set(pending.handles) == {0, 1}
+    assert [what for _, what, _ in journal.entries[-3:]] == ["send", "receive", "receive"]
+    with pytest.raises(RuntimeError, match=r"weight sync \(NCCL\): not finished within cluster\.sync_timeout_s = "
+                                           r"1234 s: learner 0's broadcast$"):
+        sync.finish(pending)
+
+    journal = Journal()
+    sync, engines = nccl_world(journal)
+    stats = sync.finish(sync.start(5))
+    assert stats.lost == {} and [e.served for e in engines.workers] == [5, 5]
+
+
+def test_an_nccl_push_that_a_dead_engine_holds_up_ends_with_its_name():
+    journal = Journal(hangs=True, dies=frozenset({"rollout-1"}))
+    sync, _ = nccl_world(journal, backend=Stalling())
+    with pytest.raises(RuntimeError, match=r"weight sync \(NCCL\): rollout-1 failed during a broadcast, which cannot "
+                                           r"go on without it .*: rollout-1 died"):
+        sync.finish(sync.start(2))
+
+
+# ------------------------------------------------------------------- replacing an engine under NCCL sync
+def test_a_replacement_joins_a_new_nccl_world_and_every_engine_gets_the_current_weights():
+    """Engine 1 dies and is restarted: once the new engine is constructed, learner 0 and every engine form the world
+    again on a fresh port (the new engine in rank 2), and learner 0 broadcasts its current weights (version 3) to
+    every engine: a broadcast needs every rank."""
+    journal = Journal()
+    sync, engines = nccl_world(journal)
+    sync.push(2)
+    sync.learners.workers[0].updates = 3
+    engines.restart(1)
+    before = len(journal.entries)
+    handle = sync.push_one(1)
+    assert journal.entries[before:] == [
+        ("rollout-0", "version", ()), ("rollout-1#1", "version", ()),
+        ("learner-0", "connect", ("127.0.0.1", 29501, 0, 3, 1234.0)),
+        ("rollout-0", "connect", ("127.0.0.1", 29501, 1, 3, 1234.0)),
+        ("rollout-1#1", "connect", ("127.0.0.1", 29501, 2, 3, 1234.0)),
+        ("learner-0", "send", ()), ("rollout-0", "receive", (3,)), ("rollout-1#1", "receive", (3,))]
+    assert sync.backend.get(handle) == 3 and [e.served for e in engines.workers] == [3, 3]
+    assert sync.members == [0, 1] and sync.port == 29501
+
+    # The next push goes to every engine, the one being replaced too (it is in the world); asked again for engine 1
+    # (a push overtook its load), the sync broadcasts again without forming a new world.
+    before = len(journal.entries)
+    assert sync.finish(sync.start(4, skip={1})).lost == {}
+    assert sync.backend.get(sync.push_one(1)) == 3
+    assert [what for _, what, _ in journal.entries[before:]] == ["send", "receive", "receive"] * 2
+
+
+def test_a_dead_engine_is_replaced_in_the_run_and_serves_the_current_weights():
+    """The producer replaces an engine that died in generation through the NCCL sync's `push_one`: the replacement
+    serves learner 0's current version and takes chunks again."""
+    from distrl.cluster.producer import Producer
+    from distrl.config import RecoveryConfig, RewardConfig
+    from distrl.data import PromptStream
+    from distrl.types import Prompt
+    from tests.one_turn import one_turn
+
+    class Generating(WorldEngine):
+        def generate(self, prompts: list, groups: list[int]):
+            if self.name in self.journal.dies:
+                raise ActorLost(f"{self.name} was killed")
+            k = len(prompts)
+            return one_turn(prompt_ids=[p.prompt_ids for p in prompts], response_ids=[[3]] * k,
+                            rollout_logprobs=[[-0.5]] * k, response_texts=["2"] * k, finish_reasons=["stop"] * k,
+                            group=list(groups), policy_version=[self.served] * k)
+
+    journal = Journal(dies=frozenset({"rollout-1"}))
+    backend = LocalBackend()
+    learners = LocalGroup("learner", backend, lambda i, incarnation: WorldLearner(journal), 1)
+    engines = LocalGroup("rollout", backend, lambda i, incarnation: Generating(
+        journal, f"rollout-{i}" + (f"#{incarnation}" if incarnation else "")), 2)
+    sync = NcclSync(learners, engines, "bfloat16", 2**20, timeout_s=60.0, verify=False)
+    learners.workers[0].updates = 3
+    journal.dies = frozenset()  # the first push reaches both engines
+    sync.push(3)
+    journal.dies = frozenset({"rollout-1"})  # engine 1 dies in its next generation
+    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(8)], seed=0, shuffle=False)
+    producer = Producer(engines, stream, RewardConfig(), prompts_per_step=4, max_staleness=0, chunk_prompts=None,
+                        dynamic_sampling=None, load_weights=sync.push_one, recovery=RecoveryConfig(),
+                        call_timeout_s=60.0, version=3)
+    batch, stats = producer.next_batch(step=4)
+    assert stats.rollout_restarts == 1 and stats.redispatched_prompts == 2
+    assert sorted(batch.rollouts.group) == [0, 1, 2, 3] and set(batch.rollouts.policy_version) == {3}
+    assert engines.name(1) == "rollout-1 (replacement 1)" and engines.workers[1].served == 3
+    assert sync.members == [0, 1] and len(journal.of("connect")) == 6  # two worlds of three ranks
+
+
+def test_a_second_dead_engine_when_the_world_forms_again_ends_the_run_saying_so():
+    """Engine 1 is replaced while engine 0 is dead too (not yet noticed): no rank connects (a world of ranks that
+    cannot all join would leave the others waiting), and the error says why the run cannot go on."""
+
+    class Dead(WorldEngine):
+        def version(self) -> int:
+            raise ActorLost(f"{self.name} died")
+
+    journal = Journal()
+    sync, engines = nccl_world(journal)
+    engines.workers[0] = Dead(journal, "rollout-0")
+    engines.restart(1)
+    connects = len(journal.of("connect"))
+    with pytest.raises(RuntimeError, match=r"weight sync \(NCCL\): rollout-1 \(replacement 1\) was to join a new "
+                                           r"NCCL world, but rollout-0 is dead too.*rollout-0 died"):
+        sync.push_one(1)
+    assert len(journal.of("connect")) == connects
+
+
+def test_a_replacement_that_dies_starting_fails_its_load_and_is_replaced_again():
+    """Only the new engine is dead: no world forms, and the handle push_one returns fails with its death, which the
+    producer takes as a death of that engine (within its restart budget)."""
+
+    class DiesStarting(WorldEngine):
+        def version(self) -> int:
+            raise ActorLost(f"{self.name} died starting")
+
+    journal = Journal()
+    sync, engines = nccl_world(journal)
+    engines.restart(1)
+    engines.workers[1] = DiesStarting(journal, "rollout-1#1")
+    connects = len(journal.of("connect"))
+    handle = sync.push_one(1)
+    with pytest.raises(ActorLost, match="rollout-1#1 died starting"):
+        sync.backend.get(handle)
+    assert len(journal.of("connect")) == connects and sync.members == [0, 0]

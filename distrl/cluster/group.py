@@ -87,6 +87,10 @@ class ActorGroup(ABC, Generic[W]):
     def kill(self) -> None:
         """Stop every worker now, without waiting for calls in flight."""
 
+    @abstractmethod
+    def node_ip(self, index: int) -> str:
+        """IP address of the node worker `index` runs on."""
+
     def map(self, method: Callable, *args: Any, **kwargs: Any) -> list[Any]:
         """The same call on every worker."""
         return [self.call(i, method, *args, **kwargs) for i in range(len(self))]
@@ -149,6 +153,10 @@ class LocalGroup(ActorGroup[W]):
             return Done(getattr(self.workers[index], method_name(method))(*args, **kwargs))
         except Exception as err:  # noqa: BLE001 - handed back like a Ray task error, raised by `get`
             return Done(error=err)
+
+    def node_ip(self, index: int) -> str:
+        """Every worker runs in this process, on this machine."""
+        return "127.0.0.1"
 
     def kill(self) -> None:
         self.workers.clear()

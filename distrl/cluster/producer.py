@@ -99,9 +99,9 @@ def default_chunk(prompts_per_step: int, actors: int, max_staleness: int, chunks
 class Producer:
     """Keeps `actors` busy with chunks of `stream`'s prompts; `next_batch(step)` returns `prompts_per_step`
     scored groups usable at `step` under the staleness bound `max_staleness`. `load_weights(i)` loads the
-    learners' current weights into actor i alone and returns a handle resolving to the version it then serves
-    (None: engines cannot be replaced, as with NCCL weight sync or in hybrid actors, `unreplaceable` says why; a dead
-    one ends the run, or its learner's recovery does)."""
+    learners' current weights into actor i (and possibly, as over NCCL, into the others too) and returns a handle
+    resolving to the version actor i then serves (None: engines cannot be replaced, as in hybrid actors,
+    `unreplaceable` says why; a dead one ends the run, or its learner's recovery does)."""
 
     def __init__(self, actors: ActorGroup[RolloutWorker], stream: PromptStream, reward: RewardConfig, *,
                  prompts_per_step: int, max_staleness: int, chunk_prompts: int | None,

@@ -176,9 +176,11 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
                 seed=cfg.run.seed, num_gpus=c.critic.num_gpus)))
         groups.append(critic)
     if isinstance(backend, RayBackend):  # the local backend holds one learner, which needs no process group
-        _connect(backend, learner, "learner", Learner.free_port, Learner.connect, c.call_timeout_s)
+        _connect(backend, learner, "learner", Learner.free_port, Learner.connect, c.call_timeout_s,
+                 group_timeout_s(cfg))
         if critic is not None:  # the critics' own group: their gradients are summed apart from the policy's
-            _connect(backend, critic, "critic", Critic.free_port, Critic.connect, c.call_timeout_s)
+            _connect(backend, critic, "critic", Critic.free_port, Critic.connect, c.call_timeout_s,
+                     group_timeout_s(cfg))
     if c.hybrid_mode:
         sync: WeightSync = HybridSync(hybrids, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes,
                                       c.sync_timeout_s, c.verify_weights)
@@ -216,9 +218,24 @@ class RoleInits:
         return (cfg.reference, cfg.model), dict(temperature=cfg.rollout.sampling.temperature, num_gpus=num_gpus)
 
 
-def _connect(backend: Backend, group: Any, role: str, free_port, connect, timeout_s: float) -> None:
-    """Join the actors of `group` in one torch.distributed group, rendezvous at a free port of actor 0's node."""
+GROUP_TIMEOUT_MARGIN_S = 300.0
+"""How much longer than `cluster.sync_timeout_s` a collective of the learners' (or critics') group may wait."""
+
+
+def group_timeout_s(cfg: Config) -> float:
+    """The collective timeout of the learners' and the critics' process groups: `cluster.sync_timeout_s` plus
+    `GROUP_TIMEOUT_MARGIN_S`. The longest legitimate wait in the group is a sharded learner's in the export's
+    all-gather while learner 0's NCCL broadcast waits for every engine to finish its chunk, which the push's own
+    deadline bounds; so a push that runs late ends with the driver's error naming the engines, not with NCCL's
+    watchdog killing the learners (whose default, 10 minutes, is shorter than a long chunk)."""
+    return cfg.cluster.sync_timeout_s + GROUP_TIMEOUT_MARGIN_S
+
+
+def _connect(backend: Backend, group: Any, role: str, free_port, connect, timeout_s: float,
+             group_timeout: float) -> None:
+    """Join the actors of `group` in one torch.distributed group whose collectives time out after `group_timeout`
+    seconds, rendezvous at a free port of actor 0's node."""
     host = group.node_ip(0)
     port = backend.answer(group.call(0, free_port, host), f"{role} 0's free port", timeout_s)
-    backend.answer([group.call(i, connect, host, port, i, len(group)) for i in range(len(group))],
+    backend.answer([group.call(i, connect, host, port, i, len(group), group_timeout) for i in range(len(group))],
                    f"the {role}s' process group connection", timeout_s)

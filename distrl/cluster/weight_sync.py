@@ -50,12 +50,15 @@ class PendingSync:
     handles: dict[int, Any]  # engine index -> its handle
     started: float
     incarnations: list[int]  # of the engines pushed to
+    broadcast: Any = None
+    """NCCL: learner 0's broadcast, which `finish` watches with the engines' loads (None over the object store)."""
 
 
 class WeightSync(ABC):
     """Pushes learner 0's weights into every rollout engine. `push` returns when all engines serve `version`;
-    `start` returns at once: each engine loads the weights after the call it is running (actors take one call at
-    a time, in submission order), so it switches versions between two generation chunks."""
+    `start` returns at once, over either transport: each engine loads the weights after the call it is running
+    (actors take one call at a time, in submission order), so it switches versions between two generation chunks,
+    and `finish` waits for them (in the asynchronous loop, one step later)."""
 
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
                  bucket_bytes: int, timeout_s: float, verify: bool):
@@ -164,60 +167,163 @@ class ObjectStoreSync(WeightSync):
         return [self.rollouts.call(i, RolloutWorker.load_weights, version, buckets) for i in to]
 
 
+@dataclass
+class Broadcast:
+    """An NCCL broadcast in flight: learner 0's send and each engine's load (index -> handle), from `started`."""
+
+    sent: Any
+    loads: dict[int, Any]
+    started: float
+
+
 class NcclSync(WeightSync):
+    """Learner 0 broadcasts each push to every engine over an NCCL world of its own: learner 0 is rank 0, engine i
+    rank i + 1. One broadcast is in flight at a time: a push starts once the previous one has ended.
+
+    A dead engine is replaced (`push_one`): every rank drops its communicator and the world forms again, on a
+    fresh port, with the new engine in the dead one's rank; learner 0 then broadcasts its current weights to every
+    engine (a broadcast needs every rank: the others load them again). What cannot be recovered ends the run with
+    an error saying so: an engine that dies while a broadcast waits for it (learner 0 would wait for ever, inside
+    NCCL), or a second engine dead when the world forms again."""
+
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
                  bucket_bytes: int, timeout_s: float, verify: bool):
         super().__init__(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
-        assert isinstance(learners, RayGroup), "NCCL weight sync needs Ray actors on GPUs"
-        host = learners.node_ip(0)
-        port = self.backend.answer(learners.call(0, Learner.free_port, host), "learner 0's free port", timeout_s,
-                                   "cluster.sync_timeout_s")
-        world = len(rollouts) + 1
-        self.backend.answer([learners.call(0, Learner.nccl_connect, host, port, world),
-                             *[rollouts.call(i, RolloutWorker.nccl_connect, host, port, i + 1, world)
-                               for i in range(len(rollouts))]],
-                            "the NCCL weight-sync group's connection (learner 0 and every engine)", timeout_s,
+        self._sent: Any = None  # the handle of the broadcast `_load` submitted last, until it is recorded
+        self._last: Broadcast | None = None  # the newest broadcast started
+        self.members: list[int] = []  # the incarnation of each engine in the world (`ActorGroup.incarnations`)
+        self.port = 0  # the rendezvous port of the world
+        self._wait_ready(list(range(len(rollouts))))
+        self._form_world()
+        print(f"weight sync: NCCL, learner 0 and {len(rollouts)} engines. A dead engine is replaced and joins a new "
+              f"NCCL world (cluster.recovery.max_restarts), unless it dies while a broadcast waits for it: that ends "
+              f"the run (continue from the newest checkpoint with --set run.resume=true)", flush=True)
+
+    def _wait_ready(self, engines: list[int]) -> None:
+        """Wait until `engines` are constructed (each answers its version): the NCCL world's rendezvous waits
+        only `timeout_s` for every rank, and an engine's `nccl_connect` runs only after its constructor (loading the
+        model, compiling, capturing CUDA graphs: minutes for a large model), so learner 0 must not open it
+        before."""
+        self.backend.answer([self.rollouts.call(i, RolloutWorker.version) for i in engines],
+                            f"the start-up of {', '.join(self.rollouts.name(i) for i in engines)} before the NCCL "
+                            f"weight-sync group forms", self.timeout_s, "cluster.sync_timeout_s")
+
+    def _dead_before_forming(self, engines: list[int]) -> dict[int, BaseException]:
+        """Wait until `engines` are constructed, as `_wait_ready`; returns those found dead, with their error."""
+        handles = {i: self.rollouts.call(i, RolloutWorker.version) for i in engines}
+        dead: dict[int, BaseException] = {}
+        deadline = time.perf_counter() + self.timeout_s
+        for i, handle in handles.items():
+            try:
+                self.backend.answer(handle, f"the start-up of {self.rollouts.name(i)} before the NCCL weight-sync "
+                                    f"group forms again", max(0.0, deadline - time.perf_counter()),
+                                    "cluster.sync_timeout_s")
+            except Exception as err:
+                if not self.rollouts.lost(i, err):
+                    raise
+                dead[i] = err
+        return dead
+
+    def _form_world(self) -> None:
+        """Learner 0 (rank 0) and every engine (rank i + 1) make the NCCL world, rendezvous at a free port of
+        learner 0's node, each waiting at most `timeout_s` for the others (vLLM's `store_timeout`); each drops the
+        communicator of an earlier world."""
+        host = self.learners.node_ip(0)
+        self.port = self.backend.answer(self.learners.call(0, Learner.free_port, host), "learner 0's free port",
+                                        self.timeout_s, "cluster.sync_timeout_s")
+        world = len(self.rollouts) + 1
+        self.members = list(self.rollouts.incarnations)
+        self.backend.answer([self.learners.call(0, Learner.nccl_connect, host, self.port, world, self.timeout_s),
+                             *[self.rollouts.call(i, RolloutWorker.nccl_connect, host, self.port, i + 1, world,
+                                                  self.timeout_s) for i in range(len(self.rollouts))]],
+                            "the NCCL weight-sync group's connection (learner 0 and every engine)", self.timeout_s,
                             "cluster.sync_timeout_s")
 
-    replaceable = False
-    unreplaceable = ("a new engine cannot join the NCCL weight-sync group of the running ones: in-job replacement "
-                     "needs cluster.weight_sync=object_store (continue from the newest checkpoint with --set "
-                     "run.resume=true)")
-
     def push_one(self, index: int) -> Any:
-        raise RuntimeError("an engine cannot join a running NCCL weight-sync group")
+        """Load learner 0's current weights into engine `index`, a replacement: once the broadcast in flight has
+        ended and every engine, the new one too, answers, the world forms again with it (every rank, a fresh port), and
+        learner 0 broadcasts its current weights to every engine. Returns the handle of engine `index`'s load,
+        resolving to the version it then serves. The driver waits for the broadcast in flight, the new engine's
+        start-up and the world's forming (not for the broadcast of the weights)."""
+        self._end_broadcast()
+        everyone = list(range(len(self.rollouts)))
+        if self.members[index] != self.rollouts.incarnations[index]:
+            # Every rank must join: one found dead now would leave the others waiting in the rendezvous.
+            dead = self._dead_before_forming(everyone)
+            others = {i: err for i, err in dead.items() if i != index}
+            if others:
+                first = next(iter(others.values()))
+                raise RuntimeError(f"weight sync (NCCL): {self.rollouts.name(index)} was to join a new NCCL world, "
+                                   f"but {', '.join(self.rollouts.name(i) for i in others)} is dead too, and a world "
+                                   f"needs every rank (two engines dead at once cannot be replaced under NCCL weight "
+                                   f"sync; continue from the newest checkpoint with --set run.resume=true): {first}"
+                                   ) from first
+            if dead:  # the replacement died starting: its load fails with that death, and the producer replaces it
+                return self.rollouts.call(index, RolloutWorker.version)
+            self._form_world()
+            print(f"weight sync: {self.rollouts.name(index)} joined a new NCCL world (port {self.port}) with learner "
+                  f"0 and the other engines", flush=True)
+        loads = self._transfer(self.learners.call(0, Learner.weights_version), everyone)
+        self._last = Broadcast(self._sent, dict(zip(everyone, loads, strict=True)), time.perf_counter())
+        return loads[index]
+
+    def start(self, version: int, skip: set[int] | frozenset[int] = frozenset()) -> PendingSync:
+        """Submit learner 0's broadcast and every engine's receive, and return at once (as over the object store:
+        the driver goes on while the engines finish their chunks and take the weights); `finish` watches the
+        broadcast. It goes to every engine, `skip` too: a replacement is in the world once `push_one` returned, and
+        a broadcast needs every rank. (It first waits for a broadcast of `push_one` still in flight.)"""
+        self._end_broadcast()
+        pending = super().start(version)
+        pending.broadcast = self._sent
+        self._last = Broadcast(self._sent, pending.handles, pending.started)
+        return pending
+
+    def finish(self, pending: PendingSync) -> SyncStats:
+        """Wait for learner 0's broadcast, failing fast (`_broadcast_done`), then for every engine's load."""
+        if pending.broadcast is not None:
+            self._broadcast_done(Broadcast(pending.broadcast, pending.handles, pending.started))
+        return super().finish(pending)
+
+    def _end_broadcast(self) -> None:
+        """Wait for the newest broadcast to end (`_broadcast_done`): a world changes, and a broadcast starts, only
+        then."""
+        if self._last is not None:
+            self._broadcast_done(self._last)
+            self._last = None
 
     def _load(self, version: Any, to: list[int]) -> list[Any]:
-        # A broadcast needs every rank: an engine being replaced cannot be left out (push_one refuses to replace).
-        assert len(to) == len(self.rollouts), "an NCCL push goes to every engine"
-        sent = self.learners.map(Learner.nccl_send, self.specs, self.dtype)[0]
-        received = self.rollouts.map(RolloutWorker.nccl_receive, version, self.specs, self.dtype)
-        self._broadcast_done(sent, received)
-        return received
+        assert len(to) == len(self.rollouts), "an NCCL push goes to every engine: a broadcast needs every rank"
+        self._sent = self.learners.map(Learner.nccl_send, self.specs, self.dtype)[0]
+        return self.rollouts.map(RolloutWorker.nccl_receive, version, self.specs, self.dtype)
 
-    def _broadcast_done(self, sent: Any, received: list[Any]) -> None:
-        """Wait for learner 0's broadcast, watching the receivers: a receiver that fails (a dead engine leaves the
-        broadcast waiting for ever) or a broadcast past `timeout_s` ends the run, naming who did not finish."""
-        deadline = time.perf_counter() + self.timeout_s
-        waiting = {sent: "learner 0's broadcast", **{h: self.rollouts.name(i) for i, h in enumerate(received)}}
+    def _broadcast_done(self, broadcast: Broadcast) -> None:
+        """Wait for learner 0's send of `broadcast`, watching the engines' loads: one that fails (a dead engine
+        leaves the broadcast waiting for ever) or a broadcast not done `timeout_s` after it started ends the run,
+        naming who did not finish."""
+        sent, deadline = broadcast.sent, broadcast.started + self.timeout_s
+        waiting = {sent: "learner 0's broadcast", **{h: self.rollouts.name(i) for i, h in broadcast.loads.items()}}
         while sent in waiting:
             done, _ = self.backend.wait(list(waiting), timeout=max(0.0, deadline - time.perf_counter()))
             if not done:
                 raise RuntimeError(f"weight sync (NCCL): not finished within cluster.sync_timeout_s = "
                                    f"{self.timeout_s:g} s: {', '.join(waiting.values())}")
+            if sent in done:  # the broadcast is over: an engine that failed after it is `finish`'s (a lost engine)
+                done = [sent]
             for handle in done:
                 who = waiting.pop(handle)
                 try:
                     self.backend.get(handle)
                 except Exception as err:
                     raise RuntimeError(f"weight sync (NCCL): {who} failed during a broadcast, which cannot go on "
-                                       f"without it (engines cannot be replaced with NCCL sync; continue from the "
-                                       f"newest checkpoint with --set run.resume=true): {err}") from err
+                                       f"without it (an engine that dies while a broadcast waits for it cannot be "
+                                       f"replaced: learner 0 waits inside NCCL; continue from the newest "
+                                       f"checkpoint with --set run.resume=true): {err}") from err
 
 
 def make_weight_sync(kind: str, learners, rollouts, dtype: str, bucket_bytes: int, gpus: bool,
                      timeout_s: float, verify: bool) -> WeightSync:
-    """`kind` is cluster.weight_sync: auto picks NCCL when both roles have GPUs."""
-    if kind == "nccl" or (kind == "auto" and gpus):
+    """`kind` is cluster.weight_sync: auto picks NCCL when both roles have GPUs, in Ray actors (the local
+    backend's roles share one process, hence one GPU)."""
+    if kind == "nccl" or (kind == "auto" and gpus and isinstance(learners, RayGroup)):
         return NcclSync(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
     return ObjectStoreSync(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)

@@ -15,7 +15,8 @@ class RoleResources(Section):
     num_cpus: float = Field(default=1.0, gt=0.0)
     """CPUs reserved per actor."""
     num_gpus: float = Field(default=0.0, ge=0.0)
-    """GPUs reserved per actor (0 on a CPU-only machine)."""
+    """GPUs reserved per actor (0 on a CPU-only machine). An actor computes on one GPU; a fraction is refused where
+    two actors sharing a GPU would be ranks of one NCCL group (`distrl.config.gpus`)."""
     num_threads: int | None = Field(default=None, gt=0)
     """Compute threads per actor (OMP_NUM_THREADS, which torch and vLLM's CPU kernels follow). Null: num_cpus
     rounded up, except in the synchronous loop on the embedded cluster, where the roles take turns and each may use
@@ -26,7 +27,9 @@ class RecoveryConfig(Section):
     max_restarts: int = Field(default=3, ge=0)
     """Times one rollout actor may be replaced within `window_s` when it dies (process killed, node lost): its
     prompts are re-dispatched and the new actor serves the current weights before it takes any. One more death in
-    the window ends the run, naming the actor and its last error. 0: a dead rollout actor ends the run."""
+    the window ends the run, naming the actor and its last error. 0: a dead rollout actor ends the run. With the
+    NCCL weight sync the replacement joins a new NCCL world; one that dies while a broadcast waits for it ends the
+    run (README, "Failures and recovery")."""
     window_s: float = Field(default=3600.0, gt=0.0)
     """Seconds over which `max_restarts` is counted."""
     start_timeout_s: float = Field(default=900.0, gt=0.0)
@@ -91,7 +94,9 @@ class ClusterConfig(Section):
     sync_timeout_s: float = Field(default=1800.0, gt=0.0)
     """A weight push that has not reached every engine this many seconds after it started ends the run with an
     error naming the engines (and, with NCCL, learner 0's broadcast) instead of waiting for ever: a hung engine, or a
-    collective waiting for a dead peer. In the asynchronous loop a push waits behind the chunk each engine runs."""
+    collective waiting for a dead peer. In the asynchronous loop a push waits behind the chunk each engine runs.
+    With NCCL it also bounds the engines' start-up before the weight-sync world forms and that world's rendezvous,
+    and the learners' and critics' collectives time out this plus 300 s after they start (NCCL's watchdog)."""
     call_timeout_s: float = Field(default=3600.0, gt=0.0)
     """An actor call or task that has not returned this many seconds after it was sent (a generation chunk, a reward
     task, an update or log-prob pass, a checkpoint) ends the run with an error naming the actor and the call, instead

@@ -3,6 +3,7 @@ message names every field it involves)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -12,6 +13,7 @@ from distrl.config.base import Section
 from distrl.config.cluster import ClusterConfig
 from distrl.config.env import EnvConfig
 from distrl.config.eval import EvalConfig
+from distrl.config.gpus import gpu_sharing_problems, idle_gpu_warnings
 from distrl.config.learner import CriticConfig, LearnerConfig, ReferenceConfig
 from distrl.config.loop import AsyncLoop, Loop, SyncLoop
 from distrl.config.loss import LossConfig
@@ -204,12 +206,17 @@ class Config(Section):
         ):
             errors.append("cluster.weight_sync 'nccl' needs GPUs on both cluster.learner.num_gpus and "
                           "cluster.rollout.num_gpus")
+        errors += gpu_sharing_problems(self.cluster, critics=self.critic is not None)
         if self.cluster.num_cpus is not None and self.cluster.address is None:
             problem = self.unplaceable(self.cluster.num_cpus, "cluster.num_cpus", "num_cpus")
             if problem:
                 errors.append(problem)
         if errors:
             raise ValueError("\n".join(errors))
+        used = ("rollout", "learner", *(["reference"] if self.needs_reference else []),
+                *(["critic"] if self.critic is not None else []))
+        for line in idle_gpu_warnings(self.cluster, used):
+            warnings.warn(line, UserWarning, stacklevel=2)
         return self
 
     @property

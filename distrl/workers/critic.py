@@ -100,10 +100,11 @@ class Critic:
                                self.strategy, role="critic")
 
     # ------------------------------------------------------------------------------------------ data parallelism
-    def connect(self, master_addr: str, master_port: int, rank: int, world_size: int) -> str:
+    def connect(self, master_addr: str, master_port: int, rank: int, world_size: int,
+                timeout_s: float = dist.default_pg_timeout.total_seconds()) -> str:
         """Join the critics' own process group (and build a sharded value model over it); returns the backend (gloo
-        on CPU, NCCL on GPU)."""
-        backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device)
+        on CPU, NCCL on GPU). `timeout_s` bounds each of its collectives (`dist.init_process_group`)."""
+        backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device, timeout_s)
         atexit.register(self.close)  # a graceful exit leaves the group first (`Learner.connect`)
         if self.strategy.sharded:
             self._build(load_sharded_value_model(self.model_cfg, self.cfg.path, self.device, self.seed, self.cfg))

@@ -12,6 +12,7 @@ import gc
 import os
 import socket
 from collections.abc import Iterator
+from datetime import timedelta
 
 import psutil
 import torch
@@ -19,13 +20,30 @@ import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 
-def init_process_group(master_addr: str, master_port: int, rank: int, world_size: int, device: str) -> str:
+def init_process_group(master_addr: str, master_port: int, rank: int, world_size: int, device: str,
+                       timeout_s: float = default_pg_timeout.total_seconds()) -> str:
     """Join the learners' group (gloo for learners on the CPU, NCCL on the GPU), rendezvous at rank 0's store on
-    `master_addr:master_port`; returns the backend."""
+    `master_addr:master_port`; returns the backend.
+
+    `timeout_s` bounds every collective of the group (and the rendezvous): a rank that waits longer for its peers
+    fails instead (NCCL's watchdog aborts it). The cluster layer sets it above `cluster.sync_timeout_s`
+    (`distrl.cluster.roles.group_timeout_s`): during an NCCL push the other learners wait in the export's
+    all-gather while learner 0's broadcast waits for every engine to finish the chunk it runs, and torch's own
+    default (10 minutes under NCCL) would abort them first.
+
+    On the GPU the process's device is set and named (`device_id`) before the group forms: Ray makes the one GPU
+    granted to the actor its device 0, so the NCCL communicator is made at once, for that device (connection
+    problems surface here, not at the first collective), and the device mesh need not guess it."""
     backend = "nccl" if device == "cuda" else "gloo"
-    store = rendezvous_store(master_addr, master_port, rank, world_size)
-    with gloo_bound_to(master_addr) if backend == "gloo" else contextlib.nullcontext():
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+    timeout = timedelta(seconds=timeout_s)
+    store = rendezvous_store(master_addr, master_port, rank, world_size, timeout)
+    if backend == "nccl":
+        torch.cuda.set_device(0)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                                device_id=torch.device("cuda", 0))
+        return backend
+    with gloo_bound_to(master_addr):
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return backend
 
 
@@ -59,18 +77,20 @@ def interface_towards(address: str) -> str:
                        f"reaches {address} from")
 
 
-def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: int) -> dist.TCPStore:
+def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: int,
+                     timeout: timedelta = default_pg_timeout) -> dist.TCPStore:
     """The group's key-value store: its server on rank 0, listening on `master_addr` only; a client elsewhere.
 
     A TCPStore server binds every interface whatever host it is given (and so does `init_method="tcp://..."`),
     which on a cluster kept to 127.0.0.1 would open the learners' rendezvous to the network. It takes over a
-    socket bound beforehand instead (`master_listen_fd`)."""
+    socket bound beforehand instead (`master_listen_fd`). `timeout` bounds the wait for every rank to join and
+    each of the store's operations."""
     if rank != 0:
-        return dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=default_pg_timeout)
+        return dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
     family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
     listening = socket.create_server((master_addr, master_port), family=family)
     # detach: the store owns the descriptor now and closes it; a Python socket object would close it again
-    return dist.TCPStore(master_addr, master_port, world_size, is_master=True, timeout=default_pg_timeout,
+    return dist.TCPStore(master_addr, master_port, world_size, is_master=True, timeout=timeout,
                          master_listen_fd=listening.detach())
 
 

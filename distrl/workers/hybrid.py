@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from distrl.config import HybridConfig
-from distrl.workers import export
+from distrl.workers import dist, export
 from distrl.workers.learner import Learner
 from distrl.workers.reference import ReferenceWorker
 from distrl.workers.rollout import RolloutWorker
@@ -156,9 +156,10 @@ class HybridWorker:
                                  enabled=self.rollout.on_gpu)
         self.turns.learner_turn(training=False)
 
-    def connect(self, master_addr: str, master_port: int, rank: int, world_size: int) -> str:
+    def connect(self, master_addr: str, master_port: int, rank: int, world_size: int,
+                timeout_s: float = dist.default_pg_timeout.total_seconds()) -> str:
         """`Learner.connect`, then the engine: every hybrid actor builds it at once (its groups are collectives)."""
-        backend = self.learner.connect(master_addr, master_port, rank, world_size)
+        backend = self.learner.connect(master_addr, master_port, rank, world_size, timeout_s)
         self._start_engine()
         return backend
 

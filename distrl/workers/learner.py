@@ -54,10 +54,11 @@ class Learner:
                                self.strategy, role="learner")
 
     # ------------------------------------------------------------------------------------------ data parallelism
-    def connect(self, master_addr: str, master_port: int, rank: int, world_size: int) -> str:
+    def connect(self, master_addr: str, master_port: int, rank: int, world_size: int,
+                timeout_s: float = dist.default_pg_timeout.total_seconds()) -> str:
         """Join the learners' process group (and build a sharded model over it); returns the backend (gloo on CPU,
-        NCCL on GPU)."""
-        backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device)
+        NCCL on GPU). `timeout_s` bounds each of its collectives (`dist.init_process_group`)."""
+        backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device, timeout_s)
         atexit.register(self.close)  # a graceful exit (SIGTERM in a Ray actor, the end of a process) leaves first
         if self.strategy.sharded:
             self._build()
@@ -154,7 +155,9 @@ class Learner:
 
     def weights_fingerprint(self, dtype: str) -> Fingerprint:
         """Fingerprint of the exported weights as sent (cast to the rollout `dtype`), for the engines to check
-        (learner 0; the others return an empty one). Sharded weights are gathered bucket by bucket."""
+        (learner 0; the others return an empty one). Sharded weights are gathered bucket by bucket, in `dtype`,
+        each bucket's gathers done on every learner before the next (`sharding.gather_bucket`), and fingerprinted on
+        the CPU like a replica's."""
         if not self.strategy.sharded:
             return fingerprint.of_tensors(export.exported(self.model), DTYPES[dtype]) if dist.rank() == 0 else {}
         out: Fingerprint = {}
@@ -167,12 +170,15 @@ class Learner:
         weight world."""
         return dist.free_port(host)
 
-    def nccl_connect(self, host: str, port: int, world_size: int) -> None:
-        self._nccl = nccl.make_communicator(host, port, 0, world_size)
+    def nccl_connect(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Join the NCCL weight-sync world as rank 0 (`nccl.make_communicator`), waiting `timeout_s` for the
+        engines; a communicator of an earlier world is dropped."""
+        self._nccl = nccl.make_communicator(host, port, 0, world_size, timeout_s)
 
     def nccl_send(self, specs: list[nccl.Spec], dtype: str) -> None:
         """Broadcast the buckets `specs` (the layout every receiver was given) from learner 0 (the others have
-        nothing to send)."""
+        nothing to send). Each bucket is made on this learner's device, where the broadcast reads it: sharded, it is
+        gathered there in `dtype` and stays there (no copy through the CPU)."""
         for spec in specs:
             bucket = self.strategy.bucket(self.model, spec, dtype, device=self.device)  # every learner gathers
             if dist.rank() == 0:

@@ -12,6 +12,7 @@ Its bucket-by-bucket logic is tested on CPU with a fake communicator.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -20,11 +21,14 @@ Spec = list[tuple[str, tuple[int, ...]]]
 """One bucket's layout: (HF name, shape) of each tensor, in order."""
 
 
-def make_communicator(host: str, port: int, rank: int, world_size: int):
+def make_communicator(host: str, port: int, rank: int, world_size: int, timeout_s: float):
+    """This process's rank `rank` of the NCCL world of `world_size` ranks whose rendezvous (a TCPStore) rank 0
+    serves on `host:port`; the store waits `timeout_s` for every rank to join (vLLM's own default is 300 s)."""
     from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
     from vllm.distributed.utils import StatelessProcessGroup
 
-    group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
+    group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size,
+                                         store_timeout=math.ceil(timeout_s))
     return PyNcclCommunicator(group, device=torch.cuda.current_device())
 
 

@@ -308,10 +308,12 @@ class RolloutWorker:
         fingerprint.check(expected, served, name, version)
         return version
 
-    def nccl_connect(self, host: str, port: int, rank: int, world_size: int) -> None:
+    def nccl_connect(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        """Join the NCCL weight-sync world as `rank` (`nccl.make_communicator`), waiting `timeout_s` for the other
+        ranks; a communicator of an earlier world is dropped."""
         from distrl.workers import nccl
 
-        self._nccl = self.engine.call(nccl.make_communicator, host, port, rank, world_size)
+        self._nccl = self.engine.call(nccl.make_communicator, host, port, rank, world_size, timeout_s)
         self._nccl_device = torch.device("cuda", torch.cuda.current_device())
 
     def nccl_receive(self, version: int, specs: list, dtype: str) -> int:

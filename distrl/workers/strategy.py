@@ -120,8 +120,10 @@ class Sharded(Replicated):
 
     def bucket(self, model: torch.nn.Module, spec: export.Spec, dtype: str, device: str = "cpu",
                every_rank: bool = False) -> dict[str, torch.Tensor]:
-        gathered = sharding.gather_bucket(model, spec, DTYPES[dtype], every_rank) or {}
-        return {name: tensor.to(device) for name, tensor in gathered.items()}
+        """The bucket's full tensors in `dtype` on `device` on learner 0 (on every learner with `every_rank`; empty
+        on the others), gathered from the shards cast to `dtype`; gathered on the GPU, a bucket for the GPU (an NCCL
+        push, a hybrid actor's engine) stays there."""
+        return sharding.gather_bucket(model, spec, DTYPES[dtype], device, every_rank) or {}
 
     def save(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
              hf_model: bool) -> None:

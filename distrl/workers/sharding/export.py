@@ -1,9 +1,13 @@
 """Weight export from a sharded model: full tensors, bucket by bucket, every rank taking part.
 
 The bucket layout is `distrl.workers.export.specs` (full shapes, no communication); `gather_bucket` all-gathers
-one bucket's tensors (a collective: every rank calls it with the same bucket) and returns them, cast
-and on CPU, on rank 0 only. No rank ever holds more than one gathered bucket. The state dict's names are the HF
-checkpoint's: FSDP2 does not rename parameters, and a tied LM head appears under both names, as vLLM expects.
+one bucket's tensors (a collective: every rank calls it with the same bucket) and returns them, cast, on rank 0
+only. No rank holds more than one gathered bucket: on gloo every collective blocks its caller, and on CUDA, where
+`full_tensor` only queues the all-gather, every rank waits for its bucket's gathers before returning
+(`bound_run_ahead`). Without that, ranks other than 0, which never touch what they gather, would queue the
+gathers of every bucket at once while rank 0 sends or writes one bucket at a time, each output held until its
+collective ends: up to the whole model on each of them. The state dict's names are the HF checkpoint's: FSDP2
+does not rename parameters, and a tied LM head appears under both names, as vLLM expects.
 
 `save_hf` writes an HF folder (config + sharded safetensors + index) from the same buckets, leaving out tied aliases
 as `save_pretrained` does, so that `from_pretrained` and vLLM load it directly.
@@ -14,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -25,22 +30,43 @@ from distrl.workers.sharding.load import aliases
 
 
 @torch.no_grad()
-def gather_bucket(model: torch.nn.Module, spec: Spec, dtype: torch.dtype,
+def gather_bucket(model: torch.nn.Module, spec: Spec, dtype: torch.dtype, device: str | torch.device = "cpu",
                   every_rank: bool = False) -> dict[str, torch.Tensor] | None:
-    """The full tensors of bucket `spec`, cast to `dtype`, contiguous on CPU, on rank 0 (on every rank with
-    `every_rank`); None on the other ranks. Every rank must call it with the same `spec`."""
+    """The full tensors of bucket `spec`, cast to `dtype`, contiguous on `device`, on rank 0 (on every rank with
+    `every_rank`); None on the other ranks. Every rank must call it with the same `spec`; each returns once its part
+    of the bucket's gathers is done (`bound_run_ahead`).
+
+    Each shard is cast to `dtype` before it is gathered, not after: the cast is elementwise, so gathering the cast
+    shards gives exactly the cast of the gathered tensor, and in the lower precision of the two (the export dtype,
+    e.g. the engines' bfloat16, is never finer than the float32 master weights) the gather moves and holds half the
+    bytes. (The training compute dtype would not do: with float32 engines and bfloat16 compute it would round
+    weights the export must send exactly.)"""
     state = model.state_dict()
     rank0 = every_rank or not dist.is_initialized() or dist.get_rank() == 0
     out = {}
+    mesh_device = None
     for name, _ in spec:
         tensor = state[name]
         if isinstance(tensor, DTensor):
-            if tensor.device.type != tensor.device_mesh.device_type:  # CPU-offloaded shards of a GPU mesh
-                tensor = tensor.to(tensor.device_mesh.device_type)
-            tensor = tensor.full_tensor()
+            mesh_device = tensor.device_mesh.device_type
+            shard = cast(DTensor, tensor.to(dtype))  # this rank's shard, cast where it is (on the CPU when offloaded)
+            if shard.device.type != mesh_device:  # CPU-offloaded shards of a GPU mesh
+                shard = cast(DTensor, shard.to(mesh_device))
+            tensor = shard.full_tensor()
         if rank0:
-            out[name] = tensor.to("cpu", dtype).contiguous()
+            out[name] = tensor.to(device, dtype).contiguous()
+    if mesh_device is not None:
+        bound_run_ahead(mesh_device)
     return out if rank0 else None
+
+
+def bound_run_ahead(device_type: str) -> None:
+    """Return once this rank's collectives queued on `device_type` are done: on CUDA, the current stream (which
+    `full_tensor`'s all-gathers make wait for their NCCL work) is synchronised, so a rank queues one bucket's
+    gathers at a time and holds at most one bucket of their outputs; on the CPU, gloo's collectives have already
+    returned done."""
+    if device_type == "cuda":
+        torch.cuda.current_stream().synchronize()
 
 
 def save_hf(model: torch.nn.Module, directory: str | Path, dtype: torch.dtype = torch.float32,
