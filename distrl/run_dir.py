@@ -206,7 +206,7 @@ class RunDir:
             "rollout/tokens_per_s": tokens / generate if generate > 0 else None,
             # The engine seconds of this batch's samples against the rollout actors' time over the step.
             "rollout/engine_busy_frac": sum(e.engine_s for e in rollouts.episodes)
-                                        / (step_time * self.cfg.cluster.rollout.num_actors),
+                                        / (step_time * self.cfg.engines),
             "sync/bytes": float(sync.bytes) if sync else None,
             "sync/bytes_per_s": sync.bytes_per_s if sync else None,
         })

@@ -45,6 +45,7 @@ def test_the_asynchronous_hybrid_loop_is_one_step_off_at_most():
 def test_hybrid_runs_one_engine_per_learner_whatever_the_rollout_section_says():
     cfg = quickstart("cluster.colocate=hybrid", "cluster.learner.num_actors=2", "learner.micro_batch_size=16")
     assert cfg.cluster.hybrid_mode and cfg.cluster.rollout.num_actors == 1  # not used: the learners host the engines
+    assert cfg.engines == 2 and quickstart("cluster.learner.num_actors=2", "learner.micro_batch_size=16").engines == 1
 
 
 def test_hybrid_actors_reserve_only_the_learners_resources():

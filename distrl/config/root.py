@@ -96,6 +96,12 @@ class Config(Section):
         return self.loss.kl.coef > 0.0
 
     @property
+    def engines(self) -> int:
+        """Rollout engines of the job: one per rollout actor, or one per hybrid actor (`cluster.colocate: hybrid`)."""
+        c = self.cluster
+        return c.learner.num_actors if c.hybrid_mode else c.rollout.num_actors
+
+    @property
     def norm_len(self) -> int:
         """Dr. GRPO's constant divisor (`loss.policy.norm_len`): by default the most tokens a sample can train on,
         `rollout.sampling.max_new_tokens` for one turn, and with an `env` section `env.max_turns` such turns (at
