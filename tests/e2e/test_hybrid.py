@@ -1,7 +1,7 @@
 """Hybrid mode for real (`cluster.colocate: hybrid`: Ray actors that each hold a learner, a vLLM CPU engine and the
 reference): with two actors it gives the rows of the same run with every role apart; FSDP learners and the
-asynchronous loop (one step off at most) run in it; a hybrid actor killed mid-run is a learner death, recovered from
-the newest checkpoint."""
+asynchronous loop (one step off at most, with dynamic sampling) run in it; a hybrid actor killed mid-run is a
+learner death, recovered from the newest checkpoint."""
 
 import json
 
@@ -34,12 +34,18 @@ def test_hybrid_fsdp_learners_train(ray_session, tmp_path):
 
 @pytest.mark.parametrize("learners", [1, 2])
 def test_the_asynchronous_hybrid_loop_is_one_step_off(ray_session, tmp_path, learners):
-    extra = TWO if learners == 2 else ("rollout.prompts_per_step=4", "run.steps=4")
+    # One actor also filters its groups (dynamic sampling), which sends it more chunks than batches.
+    extra = TWO if learners == 2 else ("rollout.prompts_per_step=4", "run.steps=4", "learner.micro_batch_size=8",
+                                       "reward.function=tests.binary_rewards:has_digit",
+                                       "rollout.dynamic_sampling.max_rounds=20")
     history = train(quickstart(tmp_path, *extra, "cluster.colocate=hybrid", "loop.mode=async", "loop.max_staleness=1"))
     rows = [json.loads(line) for line in (tmp_path / "quickstart" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(h["staleness/max"] <= 1 for h in history)
     assert any(h["staleness/max"] == 1 for h in history)  # the engines generated the next batch before the push
+    if learners == 1:
+        assert sum(h["dynamic_sampling/filtered_groups"] for h in history) > 0
+        assert all(h["reward/std"] > 0 for h in history)
 
 
 def test_a_hybrid_actor_killed_mid_run_is_a_learner_death_recovered_from_a_checkpoint(tmp_path):
