@@ -55,7 +55,7 @@ image-test: install
 # psutil), not vLLM or Ray, so it leaves .venv (the CPU build) alone. Ends with the learner-step benchmark's figures.
 GPU_PYTHON ?= python3
 gpu-smoke:
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest tests/gpu -m gpu -p no:cacheprovider -s
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest tests/gpu -m gpu -p no:cacheprovider -s
 
 bench: install
 	$(PY) bench/bench_rollout.py && $(PY) bench/bench_step.py && $(PY) bench/bench_token_logprobs.py && $(PY) bench/bench_faults.py && $(PY) bench/bench_fingerprint.py
