@@ -8,6 +8,10 @@ the file's JSON header. That writer writes no `.metadata` (DCP's default metadat
 files, and it can load into any number of ranks (DCP reshards). What is not a tensor (the optimizer's
 hyper-parameters per parameter: lr, betas, eps, weight decay, ...) goes to `optimizer_groups.json`, from rank 0.
 
+A parameter reached under two names (tied embeddings: Qwen2.5's `lm_head.weight` is `model.embed_tokens.weight`) is
+stored once, under its first name: safetensors refuses two keys on one storage, and loading the first name loads
+the parameter that both names hold.
+
 Scheduler state and step counters are the caller's (`distrl.checkpoint.save_state`).
 """
 
@@ -34,10 +38,23 @@ def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[di
 
     model_state, optim_state = get_state_dict(model, optimizer,
                                               options=StateDictOptions(flatten_optimizer_state_dict=True))
-    tensors: dict[str, Any] = {MODEL + k: v for k, v in model_state.items()}
+    aliases = tied_aliases(model)
+    tensors: dict[str, Any] = {MODEL + k: v for k, v in model_state.items() if k not in aliases}
     tensors.update({OPTIMIZER + k: v for k, v in optim_state.items() if isinstance(v, torch.Tensor)})
     others = {k: v for k, v in optim_state.items() if not isinstance(v, torch.Tensor)}
     return tensors, others
+
+
+def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """{second name: first name} of every parameter `model` reaches under more than one name (tied weights)."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
 
 
 def save(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -70,6 +87,7 @@ def load(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.O
     # JSON has no tuples: give back the live value's type (AdamW's betas).
     groups = {k: tuple(v) if isinstance(others[k], tuple) else v for k, v in saved.items()}
     model_state = {k[len(MODEL):]: v for k, v in tensors.items() if k.startswith(MODEL)}
+    model_state.update({alias: model_state[name] for alias, name in tied_aliases(model).items()})
     optim_state = {k[len(OPTIMIZER):]: v for k, v in tensors.items() if k.startswith(OPTIMIZER)} | groups
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
                    options=StateDictOptions(flatten_optimizer_state_dict=True))
