@@ -14,14 +14,14 @@ from test_sharding import _spawn
 
 from distrl import checkpoint
 from distrl.config import FSDPStrategy
-from distrl.workers.sharding.state import tied_aliases
+from distrl.workers.sharding.load import aliases
 
 
 def scenario_tied(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
     """Update, checkpoint, update again, load the checkpoint: the weights at the checkpoint, and after loading."""
     learner = make_learner(model_dir, strategy=FSDPStrategy(), lr=1e-3, micro_batch_size=2)
     learner.connect("127.0.0.1", port, rank, world)
-    assert tied_aliases(learner.model) == {"lm_head.weight": "model.embed_tokens.weight"}
+    assert aliases(learner.model) == {"lm_head.weight": "model.embed_tokens.weight"}
     shard = batch().shard(world, 1)[rank]
     learner.update(replace(shard, old_logprobs=learner.logprobs(shard.sequences)))
     saved = dict(full_weights(learner))

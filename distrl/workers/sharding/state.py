@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distrl.workers.sharding.load import aliases
+
 GROUPS = "optimizer_groups.json"
 MODEL, OPTIMIZER = "model.", "optimizer."
 
@@ -38,23 +40,11 @@ def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[di
 
     model_state, optim_state = get_state_dict(model, optimizer,
                                               options=StateDictOptions(flatten_optimizer_state_dict=True))
-    aliases = tied_aliases(model)
-    tensors: dict[str, Any] = {MODEL + k: v for k, v in model_state.items() if k not in aliases}
+    tied = aliases(model)
+    tensors: dict[str, Any] = {MODEL + k: v for k, v in model_state.items() if k not in tied}
     tensors.update({OPTIMIZER + k: v for k, v in optim_state.items() if isinstance(v, torch.Tensor)})
     others = {k: v for k, v in optim_state.items() if not isinstance(v, torch.Tensor)}
     return tensors, others
-
-
-def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
-    """{second name: first name} of every parameter `model` reaches under more than one name (tied weights)."""
-    first: dict[int, str] = {}
-    aliases = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in first:
-            aliases[name] = first[id(param)]
-        else:
-            first[id(param)] = name
-    return aliases
 
 
 def save(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -87,7 +77,7 @@ def load(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.O
     # JSON has no tuples: give back the live value's type (AdamW's betas).
     groups = {k: tuple(v) if isinstance(others[k], tuple) else v for k, v in saved.items()}
     model_state = {k[len(MODEL):]: v for k, v in tensors.items() if k.startswith(MODEL)}
-    model_state.update({alias: model_state[name] for alias, name in tied_aliases(model).items()})
+    model_state.update({alias: model_state[name] for alias, name in aliases(model).items()})
     optim_state = {k[len(OPTIMIZER):]: v for k, v in tensors.items() if k.startswith(OPTIMIZER)} | groups
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
                    options=StateDictOptions(flatten_optimizer_state_dict=True))
