@@ -28,9 +28,10 @@ def scenario_tied(rank: int, world: int, port: int, model_dir: Path, out: Path) 
     if rank == 0:  # as the driver does around the learners' writes
         checkpoint.begin(out / "step_000001")
     torch.distributed.barrier()
-    learner.save_checkpoint(str(out / "step_000001.tmp" / "policy"))
+    written = [None] * world
+    torch.distributed.all_gather_object(written, learner.save_checkpoint(str(out / "step_000001.tmp" / "policy")))
     if rank == 0:
-        checkpoint.finish(out / "step_000001.tmp", {"step": 1}, ("policy",))
+        checkpoint.finish(out / "step_000001.tmp", {"step": 1}, {"policy": written})
     torch.distributed.barrier()
     learner.update(replace(shard, old_logprobs=learner.logprobs(shard.sequences)))
     moved = dict(full_weights(learner))

@@ -88,8 +88,8 @@ def test_fsdp_with_one_rank_over_nccl_trains_exports_and_checkpoints(tiny_qwen2_
         fingerprint = learner.weights_fingerprint("bfloat16")
         assert len(fingerprint) > 0
         tmp = checkpoint.begin(tmp_path / "step_000002")
-        learner.save_checkpoint(str(tmp / "policy"))
-        path = checkpoint.finish(tmp, {"step": 2}, ("policy",))
+        written = learner.save_checkpoint(str(tmp / "policy"), "bfloat16")
+        path = checkpoint.finish(tmp, {"step": 2}, {"policy": [written]})
         assert checkpoint.problem(path) is None
         assert (path / "policy" / "model" / "config.json").exists()
     finally:

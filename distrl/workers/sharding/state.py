@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
 from distrl.workers.sharding.load import aliases
 
@@ -47,17 +48,35 @@ def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[di
     return tensors, others
 
 
-def save(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Write the sharded model and optimizer state to `directory` (created); every rank must call it."""
+def save(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[Path]:
+    """Write the sharded model and optimizer state to `directory` (created); every rank must call it. Returns the
+    files this rank wrote (its shard file; rank 0 also `GROUPS`)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
     tensors, others = _state(model, optimizer)
-    dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(str(directory), save_distributed=True))
+    writer = RecordingWriter(str(directory), save_distributed=True)
+    dcp.save(tensors, storage_writer=writer)
+    written = [Path(directory) / name for name in sorted(writer.written)]
     if not dist.is_initialized() or dist.get_rank() == 0:
         (Path(directory) / GROUPS).write_text(json.dumps(others, indent=1))
+        written.append(Path(directory) / GROUPS)
     if dist.is_initialized():
         dist.barrier()
+    return written
+
+
+class RecordingWriter(HuggingFaceStorageWriter):
+    """DCP's HF writer that remembers the files this rank wrote (`written`, names relative to its directory), from its
+    own write results: the checkpoint's manifest lists them without listing a directory other nodes write into."""
+
+    def __init__(self, path: str, **kwargs: Any):
+        super().__init__(path, **kwargs)
+        self.written: set[str] = set()
+
+    def write_data(self, plan, planner):
+        future = super().write_data(plan, planner)
+        self.written |= {result.storage_data.relative_path for result in future.wait()}
+        return future
 
 
 def load(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
