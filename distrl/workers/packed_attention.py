@@ -22,6 +22,7 @@ runs padded batches exactly as before (`padded_response_logprobs`, the packing t
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 from dataclasses import dataclass
@@ -49,9 +50,13 @@ VARLEN_MAX_HEAD_DIM = 256
 def varlen_available() -> bool:
     """Whether this torch has `varlen_attn` with the arguments used here (torch 2.13: `window_size` for causal
     attention, `enable_gqa` for fewer key/value heads than query heads)."""
-    if varlen_attn is None:
-        return False
-    parameters = inspect.signature(varlen_attn).parameters
+    return varlen_attn is not None and _takes_window_and_gqa(varlen_attn)
+
+
+@functools.cache
+def _takes_window_and_gqa(function) -> bool:
+    """Read once per function: every layer of every forward pass asks."""
+    parameters = inspect.signature(function).parameters
     return "window_size" in parameters and "enable_gqa" in parameters
 
 
