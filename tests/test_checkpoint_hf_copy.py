@@ -71,3 +71,19 @@ def test_the_manifest_comes_from_the_writers_lists_and_the_driver_hashes_only_it
     assert listed["policy/model/config.json"] == written["model/config.json"]
     monkeypatch.undo()
     assert checkpoint.problem(path) is None  # every reported digest is the file's
+
+
+def test_a_tied_replicas_checkpoint_stores_the_tied_weight_once_and_resumes_tied(tmp_path):
+    """distrl's tiny Qwen2 (tied embeddings, as Qwen2.5): the float32 weights in the trainer state hold the tied
+    matrix once (safetensors refuses two names on one storage), and a resumed learner has it tied again."""
+    from distrl.workers.tiny_model import make_tiny_model
+
+    model_dir = make_tiny_model(tmp_path / "qwen2", arch="qwen2")
+    first = make_learner(model_dir)
+    update(first, scored(first, batch()))
+    path = save_bf16(first, tmp_path / "step_000001")
+    second = make_learner(model_dir)
+    second.load_checkpoint(str(path / "policy"), 1)
+    assert second.model.lm_head.weight is second.model.model.embed_tokens.weight
+    for name, w in weights(first).items():
+        torch.testing.assert_close(weights(second)[name], w, rtol=0, atol=0, msg=name)
