@@ -15,7 +15,7 @@ QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || 
 # package unpacked into .tools/ without installing it (apt as any user, the system untouched; ~10 s, once).
 PROMETHEUS ?= $(or $(shell command -v prometheus),$(CURDIR)/.tools/prometheus/usr/bin/prometheus)
 
-.PHONY: install quickstart lint test test-fast image-test bench monitor prometheus clean
+.PHONY: install quickstart lint test test-fast image-test gpu-smoke bench monitor prometheus clean
 
 install: $(STAMP)
 
@@ -49,6 +49,13 @@ image-test: install
 	command -v podman >/dev/null && command -v debootstrap >/dev/null || \
 	  { apt-get update && apt-get install -y podman debootstrap; }
 	$(PY) -m pytest tests/test_deploy.py -m image -s
+
+# The GPU smoke suite (tests/gpu, marked `gpu`) on one CUDA GPU, with the machine's own Python: it needs torch (a
+# CUDA build), transformers and distrl's small pure-Python dependencies (pydantic, pyyaml, safetensors, filelock,
+# psutil), not vLLM or Ray, so it leaves .venv (the CPU build) alone. Ends with the learner-step benchmark's figures.
+GPU_PYTHON ?= python3
+gpu-smoke:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest tests/gpu -m gpu -p no:cacheprovider -s
 
 bench: install
 	$(PY) bench/bench_rollout.py && $(PY) bench/bench_step.py && $(PY) bench/bench_token_logprobs.py && $(PY) bench/bench_faults.py && $(PY) bench/bench_fingerprint.py

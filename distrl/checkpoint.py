@@ -1,8 +1,10 @@
 """Checkpoint layout: RUN_DIR/checkpoints/step_NNNNNN/ holds
 
     policy/                     the policy learners' part (`write_trainer`)
-      model/                    the policy in HF format (save_pretrained), loadable by transformers and vLLM
-      trainer_state.safetensors the optimizer's tensors (Adam moments, step counts), keyed by their place in the state
+      model/                    the policy in HF format with its tokenizer, loadable by transformers and vLLM, in
+                                the rollout dtype (`rollout.dtype`: what the engines served; bfloat16 by default)
+      trainer_state.safetensors the optimizer's tensors (Adam moments, step counts), keyed by their place in the
+                                state, and a replica's float32 weights (a sharded part keeps them in shards/)
       trainer_state.json        the rest of the optimizer and scheduler state and the trainer's counters
     critic/                     the critic's part, the same way, when the run trains one
     driver_state.json           the driver's state (step, data iterator position)
@@ -12,9 +14,11 @@ No file is a pickle, so loading a checkpoint cannot run code that someone put in
 their tensors (safetensors) and a JSON tree in which each tensor is replaced by its key.
 
 A checkpoint is complete or absent. The driver makes a temporary sibling (`begin`), each trainer writes its part
-into it and flushes every file to disk (`write_trainer`), and the driver writes its own state and the manifest and
-only then renames the directory into place (`finish`); the run directory is storage the driver and every learner
-share (the driver checks it before the first step). On resume the driver takes
+into it, flushes every file to disk and returns the files it wrote with their sizes and SHA-256 (`write_trainer`,
+`describe`: computed where they were written, by each writer for its own files), and the driver writes its own
+state and the manifest from those lists, listing no directory and reading no file the trainers wrote, and only
+then renames the directory into place (`finish`); the run directory is storage the driver and every learner share
+(the driver checks it before the first step). On resume the driver takes
 the newest checkpoint whose files match their manifest (`newest_usable`), naming each newer one it refuses and
 why (a missing, truncated or altered file), and every learner reads it on its own: with learners on several nodes,
 `run.output_dir` must be storage they all see. `prune` keeps the newest `run.keep_checkpoints`.
@@ -29,6 +33,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,8 @@ PREFIX = "step_"
 TRAINER_STATE = "trainer_state"
 FORMAT = 2
 MANIFEST = "manifest.json"
+FileList = dict[str, dict[str, Any]]
+"""Files a writer wrote: path relative to its part's directory -> {"bytes": size, "sha256": hex digest}."""
 # Markers of the JSON tree for what JSON cannot say itself; a plain object never has exactly one of these keys.
 TENSOR, TUPLE, INT_KEYS = "__tensor__", "__tuple__", "__int_keys__"
 
@@ -114,34 +121,48 @@ def begin(directory: str | Path) -> Path:
     return tmp
 
 
-def write_trainer(directory: str | Path, model, trainer_state: dict) -> None:
+def write_trainer(directory: str | Path, model, trainer_state: dict) -> FileList:
     """One trained model's part of a checkpoint, in `directory` (e.g. TMP/policy): `model` in HF format under
-    model/ (None: its weights are in `trainer_state`), and `trainer_state` (`save_state`). Every file is flushed
-    to disk before this returns, on the writer's node."""
+    model/ (its `save_pretrained`, e.g. `distrl.workers.hf_export.HFCopy`'s; None: no HF copy), and `trainer_state`
+    (`save_state`). Every file is flushed to disk before this returns, on the writer's node; returns them
+    (`describe`). The model/ folder is this writer's alone, so it is listed to find what was written there."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
     if model is not None:
         model.save_pretrained(path / "model", safe_serialization=True)
-    save_state(trainer_state, path, TRAINER_STATE)
-    for file in path.rglob("*"):
-        if file.is_file():
-            _fsync(file)
+        written += sorted(p for p in (path / "model").rglob("*") if p.is_file())
+    written += save_state(trainer_state, path, TRAINER_STATE)
+    return describe(path, written)
 
 
-def finish(tmp: Path, driver: dict, parts: tuple[str, ...]) -> Path:
-    """Complete the checkpoint whose `parts` (`write_trainer` directories, e.g. `policy`) are in `tmp` (`begin`):
-    write `driver` (JSON) and the manifest, then rename it into place. Returns the checkpoint directory."""
+def describe(root: str | Path, files: Iterable[Path]) -> FileList:
+    """The manifest entries of `files` (written by this process, under `root`): size and SHA-256 of each, keyed by
+    its path relative to `root`, each flushed to disk first."""
+    out: FileList = {}
+    for file in files:
+        _fsync(file)
+        out[file.relative_to(root).as_posix()] = {"bytes": file.stat().st_size, "sha256": _sha256(file)}
+    return out
+
+
+def finish(tmp: Path, driver: dict, parts: dict[str, list[FileList]]) -> Path:
+    """Complete the checkpoint in `tmp` (`begin`) whose `parts` (`write_trainer` directories, e.g. `policy`) were
+    written there, each given with its writers' file lists (every learner's answer: `FileList`s, some empty): write
+    `driver` (JSON) and the manifest of those files, then rename it into place. Returns the checkpoint directory."""
     final = tmp.with_name(tmp.name.removesuffix(".tmp"))
     (tmp / "driver_state.json").write_text(json.dumps(driver))
-    _fsync(tmp / "driver_state.json")
     # Data on disk before the manifest, and the manifest before the rename: a crash at any point leaves either the
     # previous checkpoint or this one complete, never a directory that looks complete and is not.
-    files = {path.relative_to(tmp).as_posix(): {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-             for path in sorted(p for p in tmp.rglob("*") if p.is_file())}
+    files = describe(tmp, [tmp / "driver_state.json"])
+    for part, lists in parts.items():
+        for written in lists:
+            files.update({f"{part}/{name}": entry for name, entry in written.items()})
     missing = [f"{part}/{TRAINER_STATE}.json" for part in parts if f"{part}/{TRAINER_STATE}.json" not in files]
     if missing:
         raise RuntimeError(f"checkpoint {final}: {', '.join(missing)} was not written")
-    (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "parts": list(parts), "files": files}, indent=1))
+    manifest = {"format": FORMAT, "parts": list(parts), "files": dict(sorted(files.items()))}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     _fsync(tmp / MANIFEST)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -153,9 +174,8 @@ def write(directory: str | Path, parts: dict[str, tuple[Any, dict]], driver: dic
     """`begin`, `write_trainer` for each part (name -> (model or None, trainer_state)), `finish`: a checkpoint written
     by one process."""
     tmp = begin(directory)
-    for name, (model, state) in parts.items():
-        write_trainer(tmp / name, model, state)
-    return finish(tmp, driver, tuple(parts))
+    return finish(tmp, driver, {name: [write_trainer(tmp / name, model, state)]
+                                for name, (model, state) in parts.items()})
 
 
 def seen_digest(path: str | Path) -> str | None:
@@ -261,9 +281,9 @@ def load_trainer_state(directory: str | Path) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- state dicts
-def save_state(state: dict, directory: Path, name: str) -> None:
+def save_state(state: dict, directory: Path, name: str) -> list[Path]:
     """Write a state dict as NAME.safetensors (its tensors, under keys such as `optimizer.state.0.exp_avg`) and
-    NAME.json (everything else, each tensor replaced by its key).
+    NAME.json (everything else, each tensor replaced by its key); returns the two files.
 
     `state` may nest dicts (string or integer keys), lists and tuples of tensors, numbers, strings, booleans and
     None, which is what torch optimizers and LR schedulers return; anything else is a TypeError.
@@ -274,6 +294,7 @@ def save_state(state: dict, directory: Path, name: str) -> None:
     tree = _encode(state, (), tensors)
     save_file(tensors, directory / f"{name}.safetensors")
     (directory / f"{name}.json").write_text(json.dumps(tree, indent=1))
+    return [directory / f"{name}.safetensors", directory / f"{name}.json"]
 
 
 def load_state(directory: Path, name: str) -> dict:

@@ -112,9 +112,9 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path, damage, messa
 
 def test_a_part_that_was_not_written_fails_the_checkpoint_and_an_older_format_is_named(tmp_path):
     tmp = checkpoint.begin(path_for(tmp_path, 1))
-    checkpoint.write_trainer(tmp / "policy", None, {"optimizer_steps": 1})
+    written = checkpoint.write_trainer(tmp / "policy", None, {"optimizer_steps": 1})
     with pytest.raises(RuntimeError, match=r"critic/trainer_state\.json was not written"):
-        checkpoint.finish(tmp, {"step": 1}, ("policy", "critic"))
+        checkpoint.finish(tmp, {"step": 1}, {"policy": [written], "critic": [{}]})
     assert checkpoint.latest(tmp_path) is None  # still only the temporary directory
     old = path_for(tmp_path, 2)
     old.mkdir(parents=True)

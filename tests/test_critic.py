@@ -102,8 +102,8 @@ def test_checkpoint_part_resumes_exactly(tiny_model_dir, tmp_path: Path):
     first = make_critic(tiny_model_dir)
     first.update(with_values(first, batch()))
     tmp = checkpoint.begin(tmp_path / "step_1")
-    first.save_checkpoint(str(tmp / "critic"))
-    path = checkpoint.finish(tmp, {"step": 1}, ("critic",))
+    written = first.save_checkpoint(str(tmp / "critic"), "float32")
+    path = checkpoint.finish(tmp, {"step": 1}, {"critic": [written]})
     assert checkpoint.problem(path) is None
     second = make_critic(tiny_model_dir, seed=7)  # another head: the checkpoint must replace it
     second.load_checkpoint(str(path / "critic"))

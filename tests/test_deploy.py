@@ -103,7 +103,7 @@ def test_gpu_image_pins_the_vllm_torch_and_ray_the_manifests_expect():
 
 def _core_objects() -> list[tuple[str, dict[str, Any]]]:
     objects = [(f"{name}: {d['kind']} {d['metadata']['name']}", d)
-               for name in ("secret.yaml", "pvc.yaml", "raycluster.yaml", "rayjob.yaml")
+               for name in ("secret.yaml", "hf-token-secret.yaml", "pvc.yaml", "raycluster.yaml", "rayjob.yaml")
                for d in _docs(name) if d["apiVersion"] == "v1"]
     for name, spec in _cluster_specs().items():  # each Ray pod template, checked as the Pod that KubeRay makes of it
         for t in _templates(spec):
@@ -222,6 +222,22 @@ def test_token_auth_is_wired_from_the_secret(name):
     for t in _templates(spec):
         for c in t["spec"]["containers"]:
             assert not {e["name"] for e in c.get("env", [])} & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}, c["name"]
+
+
+@pytest.mark.parametrize("name", ["raycluster.yaml", "rayjob.yaml"])
+def test_every_ray_container_caches_the_hub_on_the_shared_volume_with_the_optional_token(name):
+    """HF_HOME on the volume (one download for every pod and run) and HF_TOKEN from deploy/hf-token-secret.yaml,
+    optional so that pods start without it; GPU workers tolerate the usual GPU taint."""
+    secret = _one("hf-token-secret.yaml", "Secret")
+    assert secret["stringData"] == {"token": "REPLACE_WITH_YOUR_HF_TOKEN"}, "never commit a real token"
+    for t in _templates(_cluster_specs()[name]):
+        for c in t["spec"]["containers"]:
+            env = {e["name"]: e for e in c["env"]}
+            assert env["HF_HOME"]["value"].startswith(MOUNT + "/"), c["name"]
+            ref = env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": secret["metadata"]["name"], "key": "token", "optional": True}, c["name"]
+        if any("nvidia.com/gpu" in c["resources"]["limits"] for c in t["spec"]["containers"]):
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in t["spec"]["tolerations"]
 
 
 def test_every_container_names_the_image_placeholder():

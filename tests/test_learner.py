@@ -50,8 +50,8 @@ def update(learner: Learner, data: TrainBatch) -> dict[str, float]:
 def save(learner: Learner, path: Path, step: int) -> Path:
     """A checkpoint of `learner` alone at `path`, written as the driver has it written."""
     tmp = checkpoint.begin(path)
-    learner.save_checkpoint(str(tmp / "policy"))
-    return checkpoint.finish(tmp, {"step": step}, ("policy",))
+    written = learner.save_checkpoint(str(tmp / "policy"), "float32")
+    return checkpoint.finish(tmp, {"step": step}, {"policy": [written]})
 
 
 def weights(learner: Learner) -> dict[str, torch.Tensor]:
@@ -203,7 +203,7 @@ def test_a_checkpoint_holds_no_pickle(tiny_model_dir, tmp_path, monkeypatch):
     assert {f.relative_to(path).as_posix() for f in files} >= {
         "policy/model/config.json", "policy/model/model.safetensors", "policy/trainer_state.safetensors",
         "policy/trainer_state.json", "driver_state.json", "manifest.json"}
-    assert all(f.suffix in (".safetensors", ".json") for f in files), files
+    assert all(f.suffix in (".safetensors", ".json", ".jinja") for f in files), files  # .jinja: the chat template
     # torch.save writes a zip archive (PK), older versions and pickle.dump a stream opening with PROTO (0x80).
     assert not [f for f in files if f.read_bytes()[:4] == b"PK\x03\x04" or f.read_bytes()[:1] == b"\x80"]
 

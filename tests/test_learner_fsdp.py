@@ -4,6 +4,7 @@ learner on the whole batch: the same losses, the same weights, and a checkpoint 
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -35,9 +36,13 @@ def scenario(rank: int, world: int, port: int, model_dir: Path, out: Path, **set
     for _ in range(UPDATES):
         scored = replace(shard, old_logprobs=learner.logprobs(shard.sequences))
         losses.append(values(learner.update(scored))["loss/policy"])
-    if not settings:
-        learner.save_checkpoint(str(out / "step_000002.tmp" / "policy"))
-    return {"losses": torch.tensor(losses), **full_weights(learner)}
+    saved = {}
+    if not settings:  # every learner's files, for the manifest (the driver gets them from each)
+        written: list = [None] * world
+        torch.distributed.all_gather_object(written, learner.save_checkpoint(str(out / "step_000002.tmp" / "policy"),
+                                                                             "float32"))
+        saved = {"written": written}
+    return {"losses": torch.tensor(losses), **saved, **full_weights(learner)}
 
 
 def scenario_budget(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
@@ -93,7 +98,7 @@ def two_sharded(tiny_model_dir, tmp_path_factory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("learner_fsdp")
     tmp = checkpoint.begin(out / "step_000002")  # as the driver does before asking the learners
     result = _spawn("test_learner_fsdp:scenario", tiny_model_dir, out)
-    return result, checkpoint.finish(tmp, {"step": 2}, ("policy",))
+    return result, checkpoint.finish(tmp, {"step": 2}, {"policy": result.pop("written")})
 
 
 def single_learner_run(tiny_model_dir) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -126,7 +131,11 @@ def test_a_sharded_checkpoint_holds_an_hf_policy_and_no_pickle_and_loads_into_a_
     assert checkpoint.problem(path) is None
     files = sorted(f.relative_to(path).as_posix() for f in path.rglob("*") if f.is_file())
     assert any(f.startswith("policy/shards/") for f in files) and "policy/model/config.json" in files
-    assert all(f.endswith((".safetensors", ".json")) for f in files), files
+    assert all(f.endswith((".safetensors", ".json", ".jinja")) for f in files), files  # .jinja: the chat template
+    # The manifest, built from what each learner said it wrote, lists every file, learner 1's shard too.
+    listed = json.loads((path / "manifest.json").read_text())["files"]
+    assert sorted(listed) == [f for f in files if f != "manifest.json"]
+    assert "policy/shards/shard-00002-model-00001-of-00001.safetensors" in listed
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(path / "policy" / "model")

@@ -71,7 +71,8 @@ class ClusterConfig(Section):
     learner: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1.0))
     """Learner actors (data-parallel)."""
     reference: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0.5))
-    """Reference actors."""
+    """Reference actors. With a KL term and learners on GPUs, `num_gpus` left out is the learners' (the reference
+    runs on a GPU of its own); set it to 0 to keep the reference on the CPU."""
     critic: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1.0))
     """Critic actors (data-parallel like the learners; only with a `critic` section)."""
     env: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0.25))

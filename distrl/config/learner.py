@@ -54,7 +54,8 @@ class LearnerConfig(Section):
     `cpu_offload`)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of the forward and backward passes. Weights and optimizer state stay float32 either way;
-    bfloat16 runs the model under autocast (mixed precision)."""
+    bfloat16 runs the model under autocast (mixed precision). Left out, it is bfloat16 when the role has GPUs
+    (`cluster.learner.num_gpus`, `cluster.critic.num_gpus` > 0), else float32."""
     lr: float = Field(default=1e-5, gt=0.0)
     """Peak learning rate of AdamW."""
     weight_decay: float = Field(default=0.0, ge=0.0)
@@ -111,7 +112,8 @@ class ReferenceConfig(Section):
     path: str | None = None
     """Reference model; null means the initial policy (`model.path`). Created only when a KL term needs it."""
     dtype: Dtype = "float32"
-    """Dtype the reference model runs in."""
+    """Dtype the reference model runs in. Left out, it is bfloat16 when the reference has GPUs
+    (`cluster.reference.num_gpus` > 0, given or defaulted to the learners'), else float32."""
     micro_batch_size: int = Field(default=8, gt=0)
     """Sequences per reference forward pass (when `max_tokens_per_micro_batch` is null)."""
     max_tokens_per_micro_batch: int | None = Field(default=None, gt=0)

@@ -48,7 +48,8 @@ class RolloutConfig(Section):
     kv_cache_bytes: int = Field(default=128 * 2**20, gt=0)
     """KV-cache size on CPU, in bytes (vLLM's CPU build cannot infer it)."""
     enforce_eager: bool = True
-    """Disable CUDA graphs / compilation: faster start-up, slower decoding."""
+    """Disable CUDA graphs / compilation: faster start-up, slower decoding. Left out, it is false when the engines
+    have GPUs (`cluster.rollout.num_gpus` > 0), else true."""
     chunk_prompts: int | None = Field(default=None, gt=0)
     """Prompts per generation request to one rollout actor. Engines switch weights between chunks, so smaller
     chunks track new versions sooner; null means prompts_per_step / rollout actors in the synchronous loop (one

@@ -145,6 +145,37 @@ class Config(Section):
         return {**tree, "eval": {**tree["eval"], "sets": sets}}
 
     @model_validator(mode="after")
+    def _gpu_defaults(self) -> Config:
+        """The defaults that depend on where a role runs, for the fields the config leaves out (a field it sets,
+        even to the plain default, is kept; the run's saved config.yaml holds the values chosen here):
+
+        - `cluster.reference.num_gpus`: the learners' `num_gpus` when a KL term needs a reference and the learners
+          have GPUs. Placed, not only warned about: a reference left on the CPU beside GPU learners scores every
+          batch in float32 on half a core (`cluster.reference.num_cpus`), the slowest role of every step, and a
+          warning in a long log is easy to miss; a cluster without a spare GPU then fails at placement (preflight
+          names the GPUs it lacks) and `cluster.reference.num_gpus: 0` keeps it on the CPU.
+        - `learner.dtype`, `critic.dtype`, `reference.dtype`: bfloat16 for a role with GPUs (weights and AdamW state
+          stay float32; on a GPU float32 matmuls run many times slower). On the CPU float32, the exact reference.
+        - `rollout.enforce_eager`: false for engines with GPUs (CUDA graphs and torch.compile: slower start-up, much
+          faster decoding); true on the CPU, whose vLLM build runs eagerly.
+
+        In hybrid mode the engine and the reference run on the learners' devices (`cluster.learner`).
+        """
+        cluster = self.cluster
+        hybrid = cluster.hybrid_mode  # the engine and the reference run on the learners' devices
+        if (self.needs_reference and cluster.learner.num_gpus > 0 and not hybrid
+                and "num_gpus" not in cluster.reference.model_fields_set):
+            cluster.reference.num_gpus = cluster.learner.num_gpus
+        for section, role in ((self.learner, cluster.learner), (self.critic, cluster.critic),
+                              (self.reference, cluster.learner if hybrid else cluster.reference)):
+            if section is not None and role.num_gpus > 0 and "dtype" not in section.model_fields_set:
+                section.dtype = "bfloat16"
+        engines = cluster.learner if hybrid else cluster.rollout
+        if engines.num_gpus > 0 and "enforce_eager" not in self.rollout.model_fields_set:
+            self.rollout.enforce_eager = False
+        return self
+
+    @model_validator(mode="after")
     def _held_out_is_held_out(self) -> Config:
         source = ("path", "subset", "split", "revision")
         for i, s in enumerate(self.eval.sets if self.eval is not None else []):

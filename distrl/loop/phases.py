@@ -251,18 +251,20 @@ def readable_samples(job: Job, scored: ScoredRollouts, batch: TrainBatch, count:
 
 
 def save_checkpoint(job: Job) -> Path:
-    """Checkpoint the last finished step: every learner (and critic) writes its part into a temporary directory,
-    then the driver completes it (`checkpoint.finish`) and prunes the older ones."""
+    """Checkpoint the last finished step: every learner (and critic) writes its part into a temporary directory and
+    answers with the files it wrote, then the driver completes it from those lists (`checkpoint.finish`) and prunes
+    the older ones."""
     path = checkpoint.path_for(job.run.path, job.last_step)
     tmp = checkpoint.begin(path)
-    job.roles.backend.answer(job.roles.learner.map(Learner.save_checkpoint, str(tmp / "policy")),
-                             f"the learners' checkpoint of step {job.last_step}", job.cfg.cluster.call_timeout_s)
-    parts: tuple[str, ...] = ("policy",)
+    dtype = job.cfg.rollout.dtype  # the HF copies in the dtype the engines serve (distrl.workers.hf_export)
+    parts = {"policy": job.roles.backend.answer(
+        job.roles.learner.map(Learner.save_checkpoint, str(tmp / "policy"), dtype),
+        f"the learners' checkpoint of step {job.last_step}", job.cfg.cluster.call_timeout_s)}
     if job.roles.critic is not None:
-        job.roles.backend.answer(job.roles.critic.map(Critic.save_checkpoint, str(tmp / "critic")),
-                                 f"the critics' checkpoint of step {job.last_step}", job.cfg.cluster.call_timeout_s)
-        parts = ("policy", "critic")
-    checkpoint.finish(tmp, {"step": job.last_step, "data": job.stream.state_dict()}, parts=parts)
+        parts["critic"] = job.roles.backend.answer(
+            job.roles.critic.map(Critic.save_checkpoint, str(tmp / "critic"), dtype),
+            f"the critics' checkpoint of step {job.last_step}", job.cfg.cluster.call_timeout_s)
+    checkpoint.finish(tmp, {"step": job.last_step, "data": job.stream.state_dict()}, parts)
     checkpoint.prune(job.run.path, job.cfg.run.keep_checkpoints)
     job.checkpointed = job.last_step
     return path

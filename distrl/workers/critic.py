@@ -20,7 +20,8 @@ from distrl.merging import Figure, Figures, Merge
 from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist, sharding
 from distrl.workers.device import granted_device
-from distrl.workers.model import DTYPES, packed_layout, resolve_model_path, unpack
+from distrl.workers.hf_export import HFExport
+from distrl.workers.model import DTYPES, packed_layout, resolve_model_path, tokenizer_path, unpack
 from distrl.workers.packed_attention import PACKED_ATTENTION
 from distrl.workers.sharding.load import init_fresh
 from distrl.workers.strategy import make_strategy
@@ -162,10 +163,12 @@ class Critic:
         }
 
     # ---------------------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, directory: str) -> None:
-        """Write the critic's part of a checkpoint (`checkpoint.write_trainer`: the value model in HF format, the
-        optimizer and schedule state) to `directory`; every critic is called, critic 0 writes the replica's."""
-        self.trainer.save(directory, hf_model=True)
+    def save_checkpoint(self, directory: str, hf_dtype: str = "bfloat16") -> checkpoint.FileList:
+        """Write the critic's part of a checkpoint (the value model in HF format in `hf_dtype` with the policy's
+        tokenizer, which it shares; the float32 weights, optimizer and schedule state) to `directory`; every critic
+        is called, critic 0 writes a replica's. Returns the files this critic wrote."""
+        return self.trainer.save(directory, HFExport(hf_dtype, tokenizer_path(self.model_cfg),
+                                                     self.model_cfg.trust_remote_code))
 
     def seen_digest(self, path: str) -> str | None:
         """`checkpoint.seen_digest` on this critic's node, where its checkpoint parts are written."""

@@ -20,7 +20,8 @@ from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist, export, fingerprint, nccl
 from distrl.workers.device import granted_device
 from distrl.workers.fingerprint import Fingerprint
-from distrl.workers.model import DTYPES, response_logprobs, score_in_micro_batches
+from distrl.workers.hf_export import HFExport
+from distrl.workers.model import DTYPES, response_logprobs, score_in_micro_batches, tokenizer_path
 from distrl.workers.strategy import make_strategy
 from distrl.workers.trainer import Counts, NonFiniteError, Trainer
 
@@ -185,11 +186,12 @@ class Learner:
                 nccl.send_bucket(self._nccl, bucket)
 
     # ---------------------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, directory: str) -> None:
-        """Write this learner's part of a checkpoint (`checkpoint.write_trainer`: the policy in HF format, the
-        optimizer and schedule state) to `directory`, which the driver made (`checkpoint.begin`). Every learner is
-        called (`Trainer.save`)."""
-        self.trainer.save(directory, hf_model=True)
+    def save_checkpoint(self, directory: str, hf_dtype: str = "bfloat16") -> checkpoint.FileList:
+        """Write this learner's part of a checkpoint (the policy in HF format in `hf_dtype`, the rollout dtype, with
+        its tokenizer; the float32 weights, optimizer and schedule state) to `directory`, which the driver made
+        (`checkpoint.begin`). Every learner is called (`Trainer.save`); returns the files this one wrote."""
+        return self.trainer.save(directory, HFExport(hf_dtype, tokenizer_path(self.model_cfg),
+                                                     self.model_cfg.trust_remote_code))
 
     def seen_digest(self, path: str) -> str | None:
         """`checkpoint.seen_digest` on this learner's node, where its checkpoints are written."""

@@ -4,24 +4,60 @@ learner's, reference's and critic's models run with (`attn_implementation=PACKED
 A packed forward pass puts the real tokens of many sequences side by side in one row `[1, N]`, with `position_ids`
 restarting at 0 at each sequence (the convention of transformers' FlashAttention-2 path). sdpa would need a dense
 block-diagonal `[N, N]` mask and would spend N^2 work on it; this implementation instead finds the sequences from
-the restarts of `position_ids` and runs sdpa with `is_causal=True` on each one, so attention costs the sum of the
-squared sequence lengths, exactly as in separate forward passes, and no mask is built.
+the restarts of `position_ids` and attends causally within each one, so attention costs the sum of the squared
+sequence lengths, exactly as in separate forward passes, and no mask is built.
+
+Two paths compute the same attention (`attention_path` picks one per call):
+
+    varlen  one `torch.nn.attention.varlen.varlen_attn` call per layer (FlashAttention's varlen kernel, GQA and
+            backward), given the cumulative sequence starts `cu_seqlens` found from the restarts: on CUDA in
+            bfloat16 or float16, where torch has the API (2.13's signature, with `window_size` and `enable_gqa`),
+            without attention dropout and with a head size FlashAttention takes;
+    loop    one sdpa call per sequence per layer (is_causal): everywhere else (the CPU, float32, an older torch),
+            and the reference that the varlen path is tested against on a GPU (tests/gpu/test_packed_attention.py).
 
 Calls with a padding mask (`attention_mask` given) are plain sdpa, so a model loaded with this implementation still
-runs padded batches exactly as before (`padded_response_logprobs`, the packing tests' reference). It works on any
-device sdpa does; on a GPU each sequence is one sdpa kernel launch per layer.
+runs padded batches exactly as before (`padded_response_logprobs`, the packing tests' reference).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import weakref
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+try:  # FlashAttention varlen through torch itself (no flash-attn package); absent from older torch releases
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:
+    varlen_attn = None  # type: ignore[assignment]
+
 PACKED_ATTENTION = "distrl_packed"
+
+VARLEN_DTYPES = (torch.bfloat16, torch.float16)
+"""The dtypes FlashAttention computes in; float32 runs the loop."""
+
+VARLEN_MAX_HEAD_DIM = 256
+"""FlashAttention's largest head size (its head sizes are multiples of 8 up to this)."""
+
+
+def varlen_available() -> bool:
+    """Whether this torch has `varlen_attn` with the arguments used here (torch 2.13: `window_size` for causal
+    attention, `enable_gqa` for fewer key/value heads than query heads)."""
+    return varlen_attn is not None and _takes_window_and_gqa(varlen_attn)
+
+
+@functools.cache
+def _takes_window_and_gqa(function) -> bool:
+    """Read once per function: every layer of every forward pass asks."""
+    parameters = inspect.signature(function).parameters
+    return "window_size" in parameters and "enable_gqa" in parameters
 
 
 def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
@@ -34,42 +70,99 @@ def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], n], strict=True))
 
 
-_last: list[tuple[weakref.ref, list[list[tuple[int, int]]]]] = []
-"""The bounds of the last `position_ids` seen (one entry at most): every layer of a forward pass gets the same tensor,
-so they are found once per pass (on a GPU, `tolist` waits for the device; once per layer it would stall every
-layer's launch)."""
+@dataclass(frozen=True)
+class Pack:
+    """Where the sequences of a packed batch `[B, N]` are: `bounds[b]`, the `[start, end)` of each sequence of row
+    b, and the same as FlashAttention's varlen layout over the B * N tokens flattened row after row: `cu_seqlens
+    [S + 1]` int32 (the start of each of the S sequences, then B * N) on the device of the positions, and `longest`,
+    the length of the longest."""
+
+    bounds: list[list[tuple[int, int]]]
+    cu_seqlens: torch.Tensor
+    longest: int
+
+    @classmethod
+    def of(cls, position_ids: torch.Tensor) -> Pack:
+        """The pack of `position_ids [B, N]` (one `tolist` that waits for the device, then one small copy back)."""
+        bounds = [sequence_bounds(row) for row in position_ids]
+        n = position_ids.shape[-1]
+        starts = [b * n + s for b, row in enumerate(bounds) for s, _ in row] + [len(bounds) * n]
+        longest = max(e - s for row in bounds for s, e in row)
+        return cls(bounds, torch.tensor(starts, dtype=torch.int32, device=position_ids.device), longest)
 
 
-def _bounds_per_row(position_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
-    """`sequence_bounds` of each row of `position_ids [B, N]`, remembered for as long as that tensor lives."""
+_last: list[tuple[weakref.ref, Pack]] = []
+"""The pack of the last `position_ids` seen (one entry at most): every layer of a forward pass gets the same tensor,
+so its sequences are found once per pass (on a GPU, `tolist` waits for the device; once per layer it would stall
+every layer's launch)."""
+
+
+def _pack(position_ids: torch.Tensor) -> Pack:
+    """`Pack.of(position_ids [B, N])`, remembered for as long as that tensor lives."""
     if not _last or _last[0][0]() is not position_ids:
-        _last[:] = [(weakref.ref(position_ids), [sequence_bounds(row) for row in position_ids])]
+        _last[:] = [(weakref.ref(position_ids), Pack.of(position_ids))]
     return _last[0][1]
+
+
+def attention_path(device: str, dtype: torch.dtype, head_dim: int, dropout: float = 0.0) -> Literal["varlen", "loop"]:
+    """Which computation a packed call takes for queries on `device` (a device type) in `dtype` with heads of
+    `head_dim`: "varlen" (one FlashAttention call) on CUDA in bfloat16 or float16 with torch's API present, no
+    attention dropout and a head size FlashAttention takes; else "loop" (one sdpa call per sequence)."""
+    if (device == "cuda" and dtype in VARLEN_DTYPES and dropout == 0.0 and head_dim % 8 == 0
+            and head_dim <= VARLEN_MAX_HEAD_DIM and varlen_available()):
+        return "varlen"
+    return "loop"
 
 
 def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
     """Attention of `query [B, H, N, D]` over `key`, `value [B, H_kv, N, D]`, returning `[B, N, H, D]` as
-    transformers' sdpa does: per sequence (from `position_ids`, causal within each) when no mask is given, else
-    sdpa with the mask."""
+    transformers' sdpa does: per sequence (from `position_ids`, causal within each) when no mask is given, by the
+    path `attention_path` picks; else sdpa with the mask."""
     position_ids = kwargs.pop("position_ids", None)
     if attention_mask is not None or position_ids is None or query.shape[2] != key.shape[2]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     window = kwargs.get("sliding_window")  # set by models whose layers attend within a window (Qwen2, Mistral)
-    per_row = _bounds_per_row(position_ids)
+    pack = _pack(position_ids)
+    if window is not None and pack.longest > window:  # within the window, causal attention is the same thing
+        raise ValueError(f"{PACKED_ATTENTION} attention has no sliding window: a sequence of {pack.longest} tokens "
+                         f"is longer than the model's sliding_window ({window})")
+    one_layout = len(pack.bounds) == query.shape[0]  # not one row of positions shared by many rows of queries
+    path = attention_path(query.device.type, query.dtype, query.shape[-1], kwargs.get("dropout", 0.0))
+    if one_layout and path == "varlen":
+        return varlen_packed(query, key, value, pack, kwargs.get("scaling")), None
+    return looped_packed(module, query, key, value, pack, **kwargs), None
+
+
+def varlen_packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pack: Pack,
+                  scale: float | None = None) -> torch.Tensor:
+    """Causal attention within each sequence of `pack` in one `varlen_attn` call: `query [B, H, N, D]`, `key`,
+    `value [B, H_kv, N, D]` (H a multiple of H_kv) to `[B, N, H, D]`."""
+    assert varlen_attn is not None
+    b, h, n, d = query.shape
+    h_kv = key.shape[1]
+
+    def tokens(x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, heads, N, D] -> [B * N, heads, D]
+        return x.transpose(1, 2).reshape(b * n, heads, d)
+
+    out = varlen_attn(tokens(query, h), tokens(key, h_kv), tokens(value, h_kv), pack.cu_seqlens, pack.cu_seqlens,
+                      pack.longest, pack.longest, scale=scale, window_size=(-1, 0), enable_gqa=h != h_kv)
+    assert isinstance(out, torch.Tensor)  # no auxiliary output was asked for
+    return out.view(b, n, h, d)
+
+
+def looped_packed(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pack: Pack,
+                  **kwargs) -> torch.Tensor:
+    """Causal attention within each sequence of `pack`, one sdpa call per sequence (shapes as `varlen_packed`)."""
     rows = []
     for b in range(query.shape[0]):
-        bounds = per_row[b if len(per_row) > 1 else 0]
-        longest = max(e - s for s, e in bounds)
-        if window is not None and longest > window:  # within the window, causal attention is the same thing
-            raise ValueError(f"{PACKED_ATTENTION} attention has no sliding window: a sequence of {longest} tokens is "
-                             f"longer than the model's sliding_window ({window})")
+        bounds = pack.bounds[b if len(pack.bounds) > 1 else 0]
         rows.append(torch.cat([
             sdpa_attention_forward(module, query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e], None,
                                    is_causal=True, **kwargs)[0]
             for s, e in bounds
         ], dim=1))
-    return torch.cat(rows, dim=0), None
+    return torch.cat(rows, dim=0)
 
 
 def packed_mask(attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:

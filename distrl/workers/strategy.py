@@ -25,7 +25,9 @@ import torch
 from distrl import checkpoint
 from distrl.config import FSDPStrategy, LearnerConfig, ModelConfig
 from distrl.workers import dist, export, sharding
+from distrl.workers.hf_export import HFCopy, HFExport, save_tokenizer
 from distrl.workers.model import DTYPES, load_causal_lm, resolve_model_path
+from distrl.workers.sharding.load import aliases
 
 SHARDS = "shards"
 """The subdirectory of a sharded trainer's part that holds the model and optimizer shards (`sharding.save`)."""
@@ -64,20 +66,26 @@ class Replicated:
         return export.bucket(model, spec, dtype, device) if every_rank or dist.rank() == 0 else {}
 
     def save(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
-             hf_model: bool) -> None:
-        """Write a trainer's part of a checkpoint to `directory`: the model (in HF format under model/ with
-        `hf_model`, else among the tensors), the optimizer's state and `state` (schedule, counters). Learner 0 writes
-        a replica's."""
-        if dist.rank() == 0:
-            full = {**state, "optimizer": optimizer.state_dict(), **({} if hf_model else {"model": model.state_dict()})}
-            checkpoint.write_trainer(directory, model if hf_model else None, full)
+             hf: HFExport | None) -> checkpoint.FileList:
+        """Write a trainer's part of a checkpoint to `directory`: the float32 weights (a tied name once), the
+        optimizer's state and `state` (schedule, counters) among the tensors, and with `hf` an HF copy under model/
+        (`HFCopy`). Learner 0 writes a replica's; returns the files this learner wrote (none on the others)."""
+        if dist.rank() != 0:
+            return {}
+        tied = aliases(model)
+        weights = {name: tensor for name, tensor in model.state_dict().items() if name not in tied}
+        full = {**state, "optimizer": optimizer.state_dict(), "model": weights}
+        return checkpoint.write_trainer(directory, HFCopy(model, hf) if hf else None, full)
 
     def load(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              state: dict[str, Any]) -> dict[str, Any]:
         """Load what `save` wrote in `directory` (its trainer state read: `state`) into `model` and `optimizer`;
-        returns the rest of the state."""
+        returns the rest of the state. A checkpoint whose weights are only in its HF copy (written before the
+        copy was cast to the rollout dtype) loads them from there."""
         if "model" in state:
-            model.load_state_dict(state.pop("model"))
+            weights = state.pop("model")
+            weights.update({alias: weights[name] for alias, name in aliases(model).items() if name in weights})
+            model.load_state_dict(weights)
         else:
             checkpoint.load_model(directory, model)
         optimizer.load_state_dict(state.pop("optimizer"))
@@ -126,15 +134,22 @@ class Sharded(Replicated):
         return sharding.gather_bucket(model, spec, DTYPES[dtype], device, every_rank) or {}
 
     def save(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
-             hf_model: bool) -> None:
+             hf: HFExport | None) -> checkpoint.FileList:
         """Every learner writes its shards of the model and optimizer to `directory`/shards; learner 0 writes
-        `state` and, with `hf_model`, the model gathered in HF format (model/), bucket by bucket."""
-        sharding.save(Path(directory) / SHARDS, model, optimizer)
-        if hf_model:
-            sharding.save_hf(model, Path(directory) / "model")
+        `state` and, with `hf`, the model gathered in HF format (model/, bucket by bucket, in `hf.dtype`) with the
+        tokenizer. Returns the files this learner wrote."""
+        written = sharding.save(Path(directory) / SHARDS, model, optimizer)
+        if hf:
+            sharding.save_hf(model, Path(directory) / "model", dtype=DTYPES[hf.dtype])
+        files = checkpoint.describe(directory, written)
         if dist.rank() == 0:
-            checkpoint.write_trainer(directory, None, state)
+            if hf:
+                save_tokenizer(hf, Path(directory) / "model")
+                files.update(checkpoint.describe(directory, sorted(p for p in (Path(directory) / "model").rglob("*")
+                                                                   if p.is_file())))
+            files.update(checkpoint.write_trainer(directory, None, state))
         torch.distributed.barrier()
+        return files
 
     def load(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              state: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from distrl.merging import Figure, Figures, Merge, merge, over_steps
 from distrl.micro_batches import micro_batches
 from distrl.types import Sequences, TrainBatch
 from distrl.workers import dist
+from distrl.workers.hf_export import HFExport
 from distrl.workers.optim import build_optimizer
 from distrl.workers.strategy import Replicated
 
@@ -159,13 +160,14 @@ class Trainer:
             )
 
     # -------------------------------------------------------------------------------------------------- state
-    def save(self, directory: str, hf_model: bool) -> None:
+    def save(self, directory: str, hf: HFExport | None) -> checkpoint.FileList:
         """Write this trainer's part of a checkpoint to `directory` (`Replicated.save` / `Sharded.save`): weights
-        (in HF format with `hf_model`), optimizer, schedule and step counters. Every learner calls it."""
+        (and with `hf` an HF copy), optimizer, schedule and step counters. Every learner calls it; each returns the
+        files it wrote, with sizes and digests (`checkpoint.describe`), for the driver's manifest."""
         state = {"scheduler": self.scheduler.state_dict(), "optimizer_steps": self.optimizer_steps,
                  "skipped_steps": self.skipped_steps, "consecutive_nonfinite": self.consecutive_nonfinite,
                  "strategy": self.strategy.name}
-        self.strategy.save(directory, self.model, self.optimizer, state, hf_model)
+        return self.strategy.save(directory, self.model, self.optimizer, state, hf)
 
     def load(self, directory: str) -> None:
         """Continue from the part `save` wrote in `directory`. Every learner calls it."""

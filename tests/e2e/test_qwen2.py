@@ -122,8 +122,8 @@ class TestTinyQwen2:
         ray.get(roles.learner.call(0, Learner.update, batch))  # weights and optimizer state that differ from any start
         saved = learner_weights(roles)
         tmp = checkpoint.begin(tmp_path / "step_000003")  # as the driver's save_checkpoint does
-        ray.get(roles.learner.call(0, Learner.save_checkpoint, str(tmp / "policy")))
-        path = checkpoint.finish(tmp, {"step": 3}, ("policy",))
+        written = ray.get(roles.learner.call(0, Learner.save_checkpoint, str(tmp / "policy"), "float32"))
+        path = checkpoint.finish(tmp, {"step": 3}, {"policy": [written]})
         roles.sync.push(version=3)
         served = engine_logprobs(roles, rollouts)
 
