@@ -89,9 +89,15 @@ class Config(Section):
                 and not (self.loss.kl.target == "reward" and self.loss.kl.coef > 0))
 
     @property
-    def needs_reference(self) -> bool:
-        """Whether a reference actor must exist (a KL term with a non-zero coefficient)."""
+    def needs_ref_logprobs(self) -> bool:
+        """Whether the step needs reference log-probs (a KL term with a non-zero coefficient)."""
         return self.loss.kl.coef > 0.0
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a reference actor must exist: reference log-probs are needed and the learners cannot give them
+        (with `learner.lora` the reference is the learners' own base model, the adapters disabled)."""
+        return self.needs_ref_logprobs and self.learner.lora is None
 
     @property
     def norm_len(self) -> int:
@@ -168,6 +174,7 @@ class Config(Section):
             errors.append(f"algorithm.advantage '{adv}' compares samples within a group and needs "
                           f"rollout.n_samples_per_prompt >= 2 (got {g})")
         errors += self._critic_problems()
+        errors += self._lora_problems()
         batch, mini = self.global_batch_size, self.mini_batch_size
         learners, micro = self.cluster.learner.num_actors, self.learner.micro_batch_size
         if batch % mini:
@@ -210,6 +217,29 @@ class Config(Section):
         if errors:
             raise ValueError("\n".join(errors))
         return self
+
+    def _lora_problems(self) -> list[str]:
+        """What `learner.lora` cannot be combined with, and why."""
+        if self.learner.lora is None:
+            return []
+        errors = []
+        if self.learner.strategy.type == "fsdp":
+            errors.append("learner.lora with learner.strategy 'fsdp': not supported; the adapters, their export and "
+                          "the base model with them disabled (the reference) are built for whole replicas, and "
+                          "the frozen base is the only large part, so use learner.strategy 'replicate'")
+        if self.needs_ref_logprobs and self.reference.path is not None:
+            errors.append(f"learner.lora with reference.path {self.reference.path!r}: with adapters the reference is "
+                          f"the learners' base model (the adapters disabled), not another model; set "
+                          f"reference.path null")
+        if self.cluster.weight_sync == "nccl":
+            errors.append("learner.lora with cluster.weight_sync 'nccl': a push sends only the adapters (megabytes), "
+                          "through the object store; set cluster.weight_sync 'auto' or 'object_store'")
+        if self.chunks_per_engine > 1:
+            errors.append(f"learner.lora with {self.chunks_per_engine} chunks per engine (rollout.chunks_per_engine, "
+                          f"4 by default with an env): a vLLM request keeps the adapter it was added with, so turns in "
+                          f"flight at a push would go on sampling the old adapter while stamped with the new version; "
+                          f"set rollout.chunks_per_engine: 1")
+        return errors
 
     @property
     def critic_mini_batch_size(self) -> int:
