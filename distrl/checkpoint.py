@@ -2,6 +2,8 @@
 
     policy/                     the policy learners' part (`write_trainer`)
       model/                    the policy in HF format (save_pretrained), loadable by transformers and vLLM
+      adapter/                  instead, with learner.lora: the adapters in PEFT's format (adapter_config.json,
+                                adapter_model.safetensors); `distrl export --merge` makes an HF model of them
       trainer_state.safetensors the optimizer's tensors (Adam moments, step counts), keyed by their place in the state
       trainer_state.json        the rest of the optimizer and scheduler state and the trainer's counters
     critic/                     the critic's part, the same way, when the run trains one
@@ -114,14 +116,15 @@ def begin(directory: str | Path) -> Path:
     return tmp
 
 
-def write_trainer(directory: str | Path, model, trainer_state: dict) -> None:
-    """One trained model's part of a checkpoint, in `directory` (e.g. TMP/policy): `model` in HF format under
-    model/ (None: its weights are in `trainer_state`), and `trainer_state` (`save_state`). Every file is flushed
+def write_trainer(directory: str | Path, model, trainer_state: dict, model_dir: str = "model") -> None:
+    """One trained model's part of a checkpoint, in `directory` (e.g. TMP/policy): `model` saved with its
+    `save_pretrained` under `model_dir` (HF format under model/; a peft model's adapters in PEFT's format under
+    adapter/; None: its weights are in `trainer_state`), and `trainer_state` (`save_state`). Every file is flushed
     to disk before this returns, on the writer's node."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     if model is not None:
-        model.save_pretrained(path / "model", safe_serialization=True)
+        model.save_pretrained(path / model_dir, safe_serialization=True)
     save_state(trainer_state, path, TRAINER_STATE)
     for file in path.rglob("*"):
         if file.is_file():

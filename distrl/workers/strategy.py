@@ -24,7 +24,7 @@ import torch
 
 from distrl import checkpoint
 from distrl.config import FSDPStrategy, LearnerConfig, ModelConfig
-from distrl.workers import dist, export, sharding
+from distrl.workers import dist, export, lora, sharding
 from distrl.workers.model import DTYPES, load_causal_lm, resolve_model_path
 
 SHARDS = "shards"
@@ -41,7 +41,12 @@ class Replicated:
         self.cfg, self.device = cfg, device
 
     def build(self, model_cfg: ModelConfig, path: str | None = None) -> torch.nn.Module:
-        return load_causal_lm(model_cfg, "float32", path=path, device=self.device)
+        """The model this learner trains: float32 master weights; with `learner.lora`, the base frozen in the compute
+        dtype (`learner.dtype`: it is never updated, so it needs no float32 copy) under float32 adapters."""
+        adapters = self.cfg.lora
+        if adapters is None:
+            return load_causal_lm(model_cfg, "float32", path=path, device=self.device)
+        return lora.wrap(load_causal_lm(model_cfg, self.cfg.dtype, path=path, device=self.device), adapters)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         dtype = DTYPES[self.cfg.dtype]
@@ -69,14 +74,22 @@ class Replicated:
         a replica's."""
         if dist.rank() == 0:
             full = {**state, "optimizer": optimizer.state_dict(), **({} if hf_model else {"model": model.state_dict()})}
-            checkpoint.write_trainer(directory, model if hf_model else None, full)
+            checkpoint.write_trainer(directory, model if hf_model else None, full,
+                                     lora.ADAPTER_DIR if lora.is_adapted(model) else "model")
 
     def load(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              state: dict[str, Any]) -> dict[str, Any]:
         """Load what `save` wrote in `directory` (its trainer state read: `state`) into `model` and `optimizer`;
         returns the rest of the state."""
+        adapters = Path(directory) / lora.ADAPTER_DIR
+        if lora.is_adapted(model) != adapters.is_dir():
+            raise RuntimeError(f"checkpoint {directory} holds " + ("adapters (learner.lora), and this run trains the "
+                               "whole model" if adapters.is_dir() else "a whole model, and this run trains adapters "
+                               "(learner.lora)") + ": resume with the learner.lora it was written with")
         if "model" in state:
             model.load_state_dict(state.pop("model"))
+        elif adapters.is_dir():
+            lora.load_adapter(adapters, model)
         else:
             checkpoint.load_model(directory, model)
         optimizer.load_state_dict(state.pop("optimizer"))
