@@ -37,11 +37,13 @@ class EngineStepper:
     """Samples turns on `engine` (a vLLM `LLMEngine`), for every episode of every generation call in flight; lives
     as long as its worker, on the engine's thread (`distrl.workers.engine_loop`). `make_params(max_tokens, seed)`
     builds a request's `SamplingParams`; `version()` is the policy version served now; `decode(ids)` gives a turn's
-    text where the engine did not detokenize."""
+    text where the engine did not detokenize; `adapter()` is the `LoRARequest` of the adapters served now (None
+    without `learner.lora`)."""
 
     def __init__(self, engine: Any, make_params: Callable[[int, int], Any], version: Callable[[], int],
-                 decode: Callable[[list[int]], str]):
+                 decode: Callable[[list[int]], str], adapter: Callable[[], Any] = lambda: None):
         self.engine, self.make_params, self._version, self.decode = engine, make_params, version, decode
+        self.adapter = adapter  # the LoRARequest every new request carries (None: the engine's own weights)
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._wake = asyncio.Event()
@@ -63,7 +65,7 @@ class EngineStepper:
         request_id = f"turn-{next(self._ids)}"
         request = _Request(asyncio.get_running_loop().create_future())
         self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)),
-                                (make_params or self.make_params)(max_tokens, seed))
+                                (make_params or self.make_params)(max_tokens, seed), lora_request=self.adapter())
         self.requests[request_id] = request
         self._wake.set()
         try:

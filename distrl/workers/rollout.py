@@ -27,9 +27,9 @@ from distrl.agents.chat import ChatRenderer
 from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, as_rollouts
 from distrl.agents.server import AgentServer
 from distrl.agents.tool_calls import ToolCallParser
-from distrl.config import EnvConfig, EvalSamplingConfig, ModelConfig, RolloutConfig, SamplingConfig
+from distrl.config import EnvConfig, EvalSamplingConfig, LoraConfig, ModelConfig, RolloutConfig, SamplingConfig
 from distrl.types import Prompt, Rollouts
-from distrl.workers import fingerprint
+from distrl.workers import fingerprint, lora_engine
 from distrl.workers.device import granted_device
 from distrl.workers.engine_loop import EngineLoop
 from distrl.workers.episodes import EngineStepper, Resampled
@@ -141,12 +141,15 @@ class RolloutWorker:
 
     With an agent function (`env.agent`) the worker also serves its OpenAI-compatible endpoint
     (`distrl.agents.server`) on the address `address()` gives, in this process (the node's address in a cluster).
+
+    With `lora` (the learners' `learner.lora`) the engine keeps its base weights and serves the pushed adapters
+    (`distrl.workers.lora_engine`): once a version's adapters are loaded, every request carries them.
     """
 
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
                  num_gpus: float = 0.0, environment: EnvConfig | None = None, envs: EnvClient | None = None,
                  max_restarts: int = 0, address: Callable[[], str] = lambda: "127.0.0.1",
-                 max_new_tokens: int | None = None):
+                 max_new_tokens: int | None = None, lora: LoraConfig | None = None):
         for key, value in ENGINE_ENV.items():
             os.environ.setdefault(key, value)
         from vllm import LLM
@@ -157,6 +160,8 @@ class RolloutWorker:
         self.served = Served()
         self._serving: list[AgentServer] = []  # the endpoint, once it listens (closed with the worker)
         self._torn: str | None = None  # why the engine may not serve (see load_weights)
+        self.lora = lora
+        self._adapter: Any = None  # the LoRARequest of the adapters served now (with lora, once pushed)
         self.on_gpu = on_gpu = granted_device(num_gpus, "rollout") == "cuda"
         engine_args: dict[str, Any] = dict(
             model=resolve_model_path(model),
@@ -173,6 +178,9 @@ class RolloutWorker:
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
         )
+        if lora is not None:
+            # One slot: the current version's adapters, which every request carries.
+            engine_args.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)
         if on_gpu:
             engine_args["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         else:
@@ -189,7 +197,8 @@ class RolloutWorker:
         served, decode = self.served, functools.partial(self.tokenizer.decode, skip_special_tokens=True)
         self.stepper = self.engine.call(EngineStepper, self.llm.llm_engine,
                                         functools.partial(sampling_params, cfg.sampling), lambda: served.version,
-                                        decode)  # vLLM's own default for completion text: special tokens skipped
+                                        decode,  # vLLM's own default for completion text: special tokens skipped
+                                        lambda: self._adapter)
         self.engine.start(self.stepper.run())
         budget = Budget.of(cfg.sampling.max_new_tokens, environment, self.llm.llm_engine.model_config.max_model_len)
         hosts = parser = None
@@ -257,6 +266,8 @@ class RolloutWorker:
 
     def _load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         self._check_usable()
+        if self.lora is not None:
+            return self._load_adapter(version, buckets)
         loaded = False
         try:
             weights = _one_by_one(buckets)
@@ -277,6 +288,29 @@ class RolloutWorker:
         self.served.version = version
         return version
 
+    def _load_adapter(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
+        """`load_weights` with `learner.lora`: the buckets hold the adapter tensors (PEFT names), a few megabytes;
+        they become the adapters of `version` in the engine's slot, in place of the previous version's, and every
+        request from now on carries them. Turns in flight keep the adapter they were added with, so a push waits
+        for none (`Config` allows one chunk per engine with LoRA: there are none)."""
+        from distrl.workers.lora import peft_config
+
+        assert self.lora is not None
+        if self.stepper.in_flight:
+            raise RuntimeError(f"adapters of version {version} pushed with {self.stepper.in_flight} requests in "
+                               f"flight, which keep the adapters they were added with")
+        tensors = {name: tensor for bucket in buckets for name, tensor in bucket.items()}
+        previous = self.policy_version if self._adapter is not None else None
+        loaded = self.llm.collective_rpc(lora_engine.register, args=(version, tensors, peft_config(self.lora),
+                                                                     previous))[0]
+        if loaded == 0:
+            raise RuntimeError(f"the adapters of version {version} ({len(tensors)} tensors) match no layer of the "
+                               f"engine's model")
+        self._adapter = lora_engine.request_for(version)
+        self.llm.reset_prefix_cache()  # blocks cached under the previous version's name can no longer be asked for
+        self.served.version = version
+        return version
+
     def _check_usable(self) -> None:
         if self._torn is not None:
             raise UnusableEngine(self._torn)
@@ -286,9 +320,19 @@ class RolloutWorker:
         `version` (the push's load, resolved first); returns `version`. Raises WeightMismatch naming the engine and
         the first tensor that differs."""
         self._check_usable()
-        served = self.engine.call(self.llm.apply_model, served_fingerprint)[0]  # one worker (TP 1)
+        if self.lora is not None:  # what the engine samples with: the active slot's adapters, B scaled
+            rank = self.lora.rank
+            served = self.engine.call(self._adapter_fingerprint, version, rank)
+        else:
+            served = self.engine.call(self.llm.apply_model, served_fingerprint)[0]  # one worker (TP 1)
         fingerprint.check(expected, served, name, version)
         return version
+
+    def _adapter_fingerprint(self, version: int, rank: int) -> Fingerprint:
+        """The fingerprint of the adapters in the slot of `version`, empty unless requests now carry them."""
+        if self._adapter is None or self._adapter.lora_int_id != lora_engine.lora_id(version):
+            return {}
+        return self.llm.collective_rpc(lora_engine.slot_fingerprint, args=(version, rank))[0]
 
     def nccl_connect(self, host: str, port: int, rank: int, world_size: int) -> None:
         from distrl.workers import nccl
@@ -322,7 +366,7 @@ class RolloutWorker:
             raise RuntimeError("RolloutWorker.score steps the engine itself: call it while no generation runs")
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
-                                    use_tqdm=False)
+                                    use_tqdm=False, lora_request=self._adapter)
         return [[step[tok].logprob
                  for tok, step in zip(seq[prompt_len:], out.prompt_logprobs[prompt_len:], strict=True)]
                 for seq, out in zip(sequences, outputs, strict=True)]

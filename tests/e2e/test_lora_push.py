@@ -1,0 +1,89 @@
+"""Adapter pushes into a real vLLM engine (CPU build, in this process, no Ray): the engine serves the learner's
+adapters (its log-probs equal HF+PEFT's to ~1e-6 in fp32, sampled and scored), the fingerprint check reads the
+engine's active LoRA slot, and an engine still serving an older adapter, or the base model, fails it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from distrl.config import LoraConfig, ModelConfig, RolloutConfig
+from distrl.types import Prompt
+from distrl.workers.fingerprint import WeightMismatch
+from distrl.workers.learner import Learner
+from distrl.workers.rollout import RolloutWorker
+from tests.test_learner import batch, scored, update
+from tests.test_lora import LORA, make_lora_learner, randomize_b
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+PROMPTS = [[5, 17, 33, 8], [40, 2, 9, 11, 12, 13], [7, 7, 100, 101, 102]]
+
+
+def push(learner: Learner, worker: RolloutWorker, version: int) -> None:
+    buckets = [learner.weight_bucket(spec, "float32") for spec in learner.weight_specs(4096, "float32")]
+    assert worker.load_weights(version, buckets) == version
+
+
+def engine(model_dir, seed: int) -> RolloutWorker:
+    cfg = RolloutConfig(dtype="float32", n_samples_per_prompt=2, sampling={"max_new_tokens": 8, "temperature": 1.0})
+    return RolloutWorker(cfg, ModelConfig(path=str(model_dir)), max_prompt_tokens=16, seed=seed,
+                         lora=LoraConfig(**LORA))
+
+
+def served_vs_learner(worker: RolloutWorker, learner: Learner) -> float:
+    """Largest |vLLM - learner| over the response log-probs of samples the engine draws now, and of the engine's
+    own scoring of them (temperature 1: vLLM's processed log-probs are the raw ones)."""
+    from distrl.batching import pad
+
+    rollouts = worker.generate([Prompt(index=i, text="", prompt_ids=p) for i, p in enumerate(PROMPTS)],
+                               list(range(len(PROMPTS))))
+    sequences = pad(rollouts, 0)
+    mine = learner.logprobs(sequences, 1.0)
+    mask = sequences.response_mask.bool()
+    worst = (sequences.rollout_logprobs - mine)[mask].abs().max().item()
+    for i, (prompt, response) in enumerate(zip(rollouts.prompt_ids, rollouts.response_ids, strict=True)):
+        (scored_lp,) = worker.score([prompt + response], len(prompt))
+        worst = max(worst, (torch.tensor(scored_lp) - mine[i, : len(response)]).abs().max().item())
+    return worst
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model_dir):
+    learner = make_lora_learner(tiny_model_dir)
+    randomize_b(learner.model)  # B = 0 would serve the base model: the check must see the adapters
+    first, second = engine(tiny_model_dir, 0), engine(tiny_model_dir, 1)
+    yield learner, first, second
+    first.close()
+    second.close()
+
+
+def test_the_engine_serves_the_pushed_adapters_and_the_check_reads_its_slot(pair):
+    learner, first, _ = pair
+    push(learner, first, 1)
+    assert first.check_weights(1, learner.weights_fingerprint("float32"), "rollout 0") == 1
+    assert served_vs_learner(first, learner) < 1e-5
+    with learner.model.disable_adapter():  # the adapters change what is served
+        assert served_vs_learner(first, learner) > 1e-2
+
+
+def test_a_stale_engine_and_a_base_engine_fail_the_check(pair, tiny_model_dir):
+    learner, first, second = pair
+    with pytest.raises(WeightMismatch, match="rollout 1 serves weights other than learner 0's"):
+        second.check_weights(1, learner.weights_fingerprint("float32"), "rollout 1")  # never given an adapter
+    push(learner, second, 1)
+    for _ in range(2):
+        update(learner, scored(learner, replace(batch(), advantages=batch().advantages * 3)))
+    expected = learner.weights_fingerprint("float32")
+    push(learner, first, 2)
+    assert first.check_weights(2, expected, "rollout 0") == 2
+    with pytest.raises(WeightMismatch, match=r"lora_[AB]\.weight differs"):  # still version 1's adapters
+        second.check_weights(1, expected, "rollout 1")
+    with pytest.raises(WeightMismatch, match="is not among the tensors it serves"):  # asked for a version it lacks
+        second.check_weights(2, expected, "rollout 1")
+    assert served_vs_learner(first, learner) < 1e-5
+    push(learner, second, 2)  # a new id and name per version: nothing of version 1 is served
+    assert second.check_weights(2, expected, "rollout 1") == 2
+    assert served_vs_learner(second, learner) < 1e-5
