@@ -1,4 +1,5 @@
-"""Starting the job's actor groups from the config: rollout (vLLM), reference (only when a KL term needs it),
+"""Starting the job's actor groups from the config: rollout (vLLM), reference (only when a KL term needs it and the
+learners cannot answer for it: with `learner.lora` the reference is their base model, the adapters disabled),
 learners (data-parallel, joined in one torch.distributed group) and critics (only for GAE; data-parallel in their
 own group), plus the weight sync between the learners and the engines.
 
@@ -141,7 +142,7 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
                                                        seed=sampling_seed(cfg), num_gpus=c.rollout.num_gpus,
                                                        environment=cfg.env, envs=envs,
                                                        max_restarts=c.recovery.max_restarts,
-                                                       address=node_address)),
+                                                       address=node_address, lora=cfg.learner.lora)),
         # Serving several chunks, an engine also takes weight pushes and checks while they run (between steps).
         concurrency=1 if cfg.chunks_per_engine == 1 else cfg.chunks_per_engine + 2)
     groups.append(rollout)
@@ -173,8 +174,9 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
     if isinstance(critic, RayGroup):  # the critics' own group: their gradients are summed apart from the policy's
         _connect(backend, critic, "critic", Critic.free_port, Critic.connect, c.call_timeout_s)
     gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
-    sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes, gpus,
-                            c.sync_timeout_s, c.verify_weights)
+    # Adapters (learner.lora) are megabytes: the object store carries them on GPUs too.
+    sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes,
+                            gpus and cfg.learner.lora is None, c.sync_timeout_s, c.verify_weights)
     return Roles(backend, rollout, learner, reference, sync, critic)
 
 
