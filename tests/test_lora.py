@@ -207,3 +207,29 @@ def test_gradient_checkpointing_gives_the_adapters_the_same_gradients(tiny_model
         figures.append(update(learner, scored(learner, data)))
     assert figures[0]["learner/grad_norm"] > 0
     assert figures[0]["learner/grad_norm"] == pytest.approx(figures[1]["learner/grad_norm"], rel=1e-5)
+
+
+def test_export_merge_writes_an_hf_model_that_scores_as_the_adapted_policy(tiny_model_dir, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from distrl.cli import main
+    from distrl.workers.model import score_in_micro_batches
+
+    learner = make_lora_learner(tiny_model_dir)
+    data = batch()
+    update(learner, scored(learner, data))
+    path = save(learner, tmp_path / "step_000001", 1)
+    args = ["export", "--config", "configs/grpo-lora.yaml", "--set", f"model.path={tiny_model_dir}",
+            "--set", "model.create_tiny_if_missing=false", "--checkpoint", str(path)]
+    assert main([*args, "--output", str(tmp_path / "plain")]) == 2
+    assert "add --merge" in capsys.readouterr().err
+    assert main([*args, "--merge", "--output", str(tmp_path / "merged")]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")  # plain transformers, no peft
+    assert AutoTokenizer.from_pretrained(tmp_path / "merged").vocab_size > 0
+    base = load_causal_lm(ModelConfig(path=str(tiny_model_dir)), "float32")
+    merged_packed = load_causal_lm(ModelConfig(path=str(tmp_path / "merged")), "float32")
+    mine = learner.logprobs(data.sequences)
+    assert torch.allclose(score_in_micro_batches(merged_packed, data.sequences, 1.0, 8), mine, atol=1e-5)
+    assert not torch.allclose(score_in_micro_batches(base, data.sequences, 1.0, 8), mine, atol=1e-3)
+    assert not any("lora" in name for name in merged.state_dict())
+    assert main([*args, "--merge", "--output", str(tmp_path / "merged")]) == 2  # never over an existing model

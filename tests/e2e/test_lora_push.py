@@ -87,3 +87,21 @@ def test_a_stale_engine_and_a_base_engine_fail_the_check(pair, tiny_model_dir):
     push(learner, second, 2)  # a new id and name per version: nothing of version 1 is served
     assert second.check_weights(2, expected, "rollout 1") == 2
     assert served_vs_learner(second, learner) < 1e-5
+
+
+def test_vllm_serves_the_merged_export_as_the_adapted_policy(pair, tiny_model_dir, tmp_path):
+    from distrl.config import from_dict
+    from distrl.export_command import export
+    from tests.test_learner import save
+
+    learner, _, _ = pair
+    path = save(learner, tmp_path / "step_000002", 2)
+    cfg = from_dict({"model": {"path": str(tiny_model_dir)}, "data": {"path": "d.jsonl"},
+                     "reward": {"function": "distrl.tasks.toy:reward"}, "learner": {"lora": LORA}})
+    merged = export(cfg, str(path), str(tmp_path / "merged"), merge=True)
+    cfg = RolloutConfig(dtype="float32", n_samples_per_prompt=2, sampling={"max_new_tokens": 8, "temperature": 1.0})
+    plain = RolloutWorker(cfg, ModelConfig(path=str(merged)), max_prompt_tokens=16, seed=2)  # no LoRA: a plain model
+    try:
+        assert served_vs_learner(plain, learner) < 1e-5
+    finally:
+        plain.close()
