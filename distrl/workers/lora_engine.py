@@ -55,7 +55,7 @@ def register(worker: Any, version: int, tensors: dict[str, torch.Tensor], peft_c
     helper.validate_legal(workers.lora_config)
     mapper = getattr(manager.model, "hf_to_vllm_mapper", None)
     model = LoRAModel.from_lora_tensors(
-        lora_id(version), {name: t.clone() for name, t in tensors.items()}, helper, device=str(workers.device),
+        lora_id(version), {name: t.clone() for name, t in tensors.items()}, helper, device="cpu",  # as vLLM loads
         dtype=workers.lora_config.lora_dtype, model_vocab_size=workers.vocab_size,
         weights_mapper=mapper.get_rename_mapper() if mapper else None)
     if previous is not None:
