@@ -233,3 +233,13 @@ def test_export_merge_writes_an_hf_model_that_scores_as_the_adapted_policy(tiny_
     assert not torch.allclose(score_in_micro_batches(base, data.sequences, 1.0, 8), mine, atol=1e-3)
     assert not any("lora" in name for name in merged.state_dict())
     assert main([*args, "--merge", "--output", str(tmp_path / "merged")]) == 2  # never over an existing model
+
+
+def test_distrl_eval_points_a_lora_checkpoint_at_export_merge(tiny_model_dir, tmp_path):
+    from distrl.eval_command import EvalError, model_to_evaluate
+
+    learner = make_lora_learner(tiny_model_dir)
+    path = save(learner, tmp_path / "step_000001", 1)
+    cfg = from_dict({**config(), "model": {"path": str(tiny_model_dir)}})
+    with pytest.raises(EvalError, match=re.escape("holds LoRA adapters (policy/adapter): merge them")):
+        model_to_evaluate(cfg, str(path), None)

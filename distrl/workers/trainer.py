@@ -61,8 +61,6 @@ class Trainer:
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]
             model.config.use_cache = False  # type: ignore[union-attr]
-            if cfg.lora is not None:  # a frozen embedding's output needs grad, or recomputed layers get none
-                model.enable_input_require_grads()  # type: ignore[operator]
         model.train()
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = build_optimizer(model, cfg, total_optimizer_steps)
