@@ -53,3 +53,15 @@ def test_async_lora_run_within_the_bound(ray_session, tmp_path):
     assert all(abs(h["correction/mismatch_kl/staleness_0"]) < 1e-4 for h in history
                if "correction/mismatch_kl/staleness_0" in h)
     assert all(h["learner/tokens"] > 0 and h["kl/ref"] >= 0 for h in history)
+
+
+def test_two_lora_learners_train_as_one(ray_session, tmp_path):
+    # Two replicas: the adapters' gradients are summed across them, each answers the reference for its shard of rows.
+    common = ("run.steps=3", "learner.micro_batch_size=8")
+    one = train(lora_config(tmp_path / "one", *common))
+    two = train(lora_config(tmp_path / "two", *common, "cluster.learner.num_actors=2", "cluster.learner.num_cpus=0.25"))
+    assert [h["step"] for h in two] == [1, 2, 3]
+    assert all(abs(h["correction/mismatch_kl/staleness_0"]) < 1e-4 for h in two)
+    for a, b in zip(one, two, strict=True):  # same samples, same update: the same figures up to summation order
+        assert b["reward/mean"] == a["reward/mean"]
+        assert abs(b["kl/ref"] - a["kl/ref"]) < 1e-5 and abs(b["loss/policy"] - a["loss/policy"]) < 1e-5
