@@ -105,3 +105,20 @@ def test_vllm_serves_the_merged_export_as_the_adapted_policy(pair, tiny_model_di
         assert served_vs_learner(plain, learner) < 1e-5
     finally:
         plain.close()
+
+
+def test_a_bfloat16_engine_passes_the_check_with_the_adapters_cast_as_it_holds_them(tiny_model_dir):
+    # GPU configs sample in bfloat16: vLLM casts the adapters to bf16 and scales B in bf16; learner 0's fingerprint
+    # of what it sent must follow the same two roundings exactly.
+    learner = make_lora_learner(tiny_model_dir)
+    randomize_b(learner.model)
+    cfg = RolloutConfig(dtype="bfloat16", n_samples_per_prompt=2, sampling={"max_new_tokens": 8})
+    bf16 = RolloutWorker(cfg, ModelConfig(path=str(tiny_model_dir)), max_prompt_tokens=16, seed=3,
+                         lora=LoraConfig(**LORA))
+    try:
+        buckets = [learner.weight_bucket(spec, "bfloat16") for spec in learner.weight_specs(4096, "bfloat16")]
+        bf16.load_weights(1, buckets)
+        assert bf16.check_weights(1, learner.weights_fingerprint("bfloat16"), "rollout 0") == 1
+        assert served_vs_learner(bf16, learner) < 0.1  # bf16 kernels against the fp32 learner
+    finally:
+        bf16.close()
