@@ -48,7 +48,7 @@ def config(**learner) -> dict:
     ({"lora": {"target_modules": ["q_proj", "embed_tokens"]}}, "learner.lora.target_modules ['embed_tokens']"),
     ({"lora": {"target_modules": ["q_proj", "q_proj"]}}, "names a module twice"),
     ({"lora": {"dropout": 1.0}}, "dropout"),
-    ({"strategy": "fsdp"}, "learner.lora with learner.strategy 'fsdp'"),
+    ({"strategy": {"type": "fsdp", "cpu_offload": True}}, "learner.lora with learner.strategy.cpu_offload"),
 ])
 def test_the_config_refuses_what_vllm_cannot_serve_naming_the_field(tree, message):
     with pytest.raises(Exception, match=re.escape(message)):

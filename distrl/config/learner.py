@@ -60,7 +60,8 @@ to 1e-6 in fp32 on Llama and Qwen2)."""
 class LoraConfig(Section):
     """Low-rank adapters (LoRA, Hu et al. 2021) on the policy's projections, trained through `peft`: W + (alpha/r) B A
     with A `[r, in]` (random) and B `[out, r]` (zeros at the start, so the first policy is the base model). Only A and
-    B train; the base weights stay frozen, in `learner.dtype`. The reference of a KL term is the base model itself
+    B train; the base weights stay frozen, in `learner.dtype` (under `strategy: fsdp`, sharded over the learners in
+    float32, the adapters replicated). The reference of a KL term is the base model itself
     (the adapters disabled, on the learners: no reference actor), pushes send only the adapters, which the engines
     serve through vLLM's LoRA support, and checkpoints hold the adapters in PEFT's format."""
 

@@ -223,10 +223,10 @@ class Config(Section):
         if self.learner.lora is None:
             return []
         errors = []
-        if self.learner.strategy.type == "fsdp":
-            errors.append("learner.lora with learner.strategy 'fsdp': not supported; the adapters, their export and "
-                          "the base model with them disabled (the reference) are built for whole replicas, and "
-                          "the frozen base is the only large part, so use learner.strategy 'replicate'")
+        if self.learner.strategy.type == "fsdp" and self.learner.strategy.cpu_offload:
+            errors.append("learner.lora with learner.strategy.cpu_offload: peft places the adapters beside the base's "
+                          "CPU-resident shards, and FSDP brings only the base to the GPU for each layer; set "
+                          "cpu_offload false (the frozen base has no gradients or optimizer state to offload)")
         if self.needs_ref_logprobs and self.reference.path is not None:
             errors.append(f"learner.lora with reference.path {self.reference.path!r}: with adapters the reference is "
                           f"the learners' base model (the adapters disabled), not another model; set "

@@ -30,13 +30,18 @@ def peft_config(cfg: LoraConfig) -> dict[str, Any]:
 
 
 def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
-    """`model` with adapters on `cfg.target_modules` (peft's `get_peft_model`): A random (peft's Kaiming init, from
-    torch's generator), B zero, in float32 whatever the base's dtype; every base parameter frozen."""
+    """`model` with adapters on `cfg.target_modules` (peft's `get_peft_model`): A random (peft's Kaiming init, drawn
+    from torch's seed, `torch.initial_seed()`), B zero, in float32 whatever the base's dtype; every base parameter
+    frozen."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
     options = {k: v for k, v in peft_config(cfg).items() if k != "peft_type"}
-    wrapped = get_peft_model(model, PeftLoraConfig(**options), autocast_adapter_dtype=True)
+    # A's random start depends on the run's seed alone, not on what loading the base drew before: every learner
+    # (replicated or sharded) starts from the same adapters.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(torch.initial_seed())
+        wrapped = get_peft_model(model, PeftLoraConfig(**options), autocast_adapter_dtype=True)
     for name, param in wrapped.named_parameters():
         if param.requires_grad and "lora_" in name:
             param.data = param.data.float()  # master weights of what trains stay float32 (base in bf16 on GPUs)

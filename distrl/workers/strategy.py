@@ -1,4 +1,6 @@
-"""How the learners hold a trained model: `Replicated` (a full copy each) or `Sharded` (FSDP2). Plain classes, no Ray.
+"""How the learners hold a trained model: `Replicated` (a full copy each) or `Sharded` (FSDP2); with `learner.lora`,
+`Replicated` wraps its model in adapters and `ShardedBase` shards the frozen base under replicated adapters. Plain
+classes, no Ray.
 
 The training core, the weight export and the checkpoints ask the strategy for what differs:
 
@@ -152,6 +154,29 @@ class Sharded(Replicated):
         return state
 
 
+class ShardedBase(Sharded):
+    """`fsdp` with `learner.lora`: the frozen base sharded over the learners (FSDP2, each holding 1/M of it, with no
+    gradients or optimizer state for it), the adapters, ~1% of the model, replicated on every learner as under
+    `replicate`: their gradients all-reduced (summed) and clipped as plain tensors, pushed and checkpointed (in PEFT's
+    format, with their optimizer state) by learner 0. Forward passes stay collectives (`Sharded.lockstep`); the base
+    comes from the model's files, so checkpoints need none of it."""
+
+    name = "replicate"  # what a checkpoint holds (the adapters and their optimizer state) is a replica's: either
+    # strategy resumes it
+
+    def build(self, model_cfg: ModelConfig, path: str | None = None) -> torch.nn.Module:
+        assert self.cfg.lora is not None
+        return lora.wrap(super().build(model_cfg, path), self.cfg.lora)  # adapters on the sharded base's layers
+
+    reduce_grads = Replicated.reduce_grads
+    clip = Replicated.clip
+    bucket = Replicated.bucket
+    save = Replicated.save
+    load = Replicated.load
+
+
 def make_strategy(cfg: LearnerConfig, device: str) -> Replicated:
     """The strategy `learner.strategy` names."""
-    return Sharded(cfg, device) if isinstance(cfg.strategy, FSDPStrategy) else Replicated(cfg, device)
+    if isinstance(cfg.strategy, FSDPStrategy):
+        return ShardedBase(cfg, device) if cfg.lora is not None else Sharded(cfg, device)
+    return Replicated(cfg, device)

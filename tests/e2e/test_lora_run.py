@@ -65,3 +65,12 @@ def test_two_lora_learners_train_as_one(ray_session, tmp_path):
     for a, b in zip(one, two, strict=True):  # same samples, same update: the same figures up to summation order
         assert b["reward/mean"] == a["reward/mean"]
         assert abs(b["kl/ref"] - a["kl/ref"]) < 1e-5 and abs(b["loss/policy"] - a["loss/policy"]) < 1e-5
+
+
+def test_lora_on_two_sharded_learners(ray_session, tmp_path):
+    # The frozen base sharded over two FSDP learners, the adapters replicated: pushed by learner 0 and verified.
+    history = train(lora_config(tmp_path, "run.steps=3", "learner.micro_batch_size=8", "learner.strategy=fsdp",
+                                "cluster.learner.num_actors=2", "cluster.learner.num_cpus=0.25"))
+    assert [h["step"] for h in history] == [1, 2, 3]
+    assert all(abs(h["correction/mismatch_kl/staleness_0"]) < 1e-4 for h in history)
+    assert all(h["sync/bytes"] == 188416 for h in history)
