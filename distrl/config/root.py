@@ -234,11 +234,6 @@ class Config(Section):
         if self.cluster.weight_sync == "nccl":
             errors.append("learner.lora with cluster.weight_sync 'nccl': a push sends only the adapters (megabytes), "
                           "through the object store; set cluster.weight_sync 'auto' or 'object_store'")
-        if self.chunks_per_engine > 1:
-            errors.append(f"learner.lora with {self.chunks_per_engine} chunks per engine (rollout.chunks_per_engine, "
-                          f"4 by default with an env): a vLLM request keeps the adapter it was added with, so turns in "
-                          f"flight at a push would go on sampling the old adapter while stamped with the new version; "
-                          f"set rollout.chunks_per_engine: 1")
         return errors
 
     @property

@@ -261,13 +261,26 @@ class RolloutWorker:
 
         Runs on the engine's thread between two engine steps: turns in flight go on with the new weights from the
         next step (their cached keys and values are computed again), each token stamped with the version that
-        sampled it."""
+        sampled it.
+
+        With `learner.lora` the buckets hold adapters, which a vLLM request cannot change once added: the engine is
+        drained instead (turns in flight finish with the adapters they started with, stamped with their version; new
+        turns wait), then the new version's adapters replace them (`_load_adapter`)."""
+        if self.lora is not None:
+            return self.engine.run(self._swap_adapters(version, buckets))
         return self.engine.call(self._load_weights, version, buckets)
+
+    async def _swap_adapters(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
+        self._check_usable()
+        tensors = {name: tensor for bucket in buckets for name, tensor in bucket.items()}  # megabytes
+        await self.stepper.drain()
+        try:
+            return self._load_adapter(version, tensors)
+        finally:
+            self.stepper.admit()
 
     def _load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         self._check_usable()
-        if self.lora is not None:
-            return self._load_adapter(version, buckets)
         loaded = False
         try:
             weights = _one_by_one(buckets)
@@ -288,18 +301,13 @@ class RolloutWorker:
         self.served.version = version
         return version
 
-    def _load_adapter(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
-        """`load_weights` with `learner.lora`: the buckets hold the adapter tensors (PEFT names), a few megabytes;
-        they become the adapters of `version` in the engine's slot, in place of the previous version's, and every
-        request from now on carries them. Turns in flight keep the adapter they were added with, so a push waits
-        for none (`Config` allows one chunk per engine with LoRA: there are none)."""
+    def _load_adapter(self, version: int, tensors: dict[str, torch.Tensor]) -> int:
+        """The adapter tensors (PEFT names) become the adapters of `version` in the engine's slot, in place of the
+        previous version's, and every request from now on carries them. The engine is drained: no request still
+        carries the previous version's, which are removed."""
         from distrl.workers.lora import peft_config
 
-        assert self.lora is not None
-        if self.stepper.in_flight:
-            raise RuntimeError(f"adapters of version {version} pushed with {self.stepper.in_flight} requests in "
-                               f"flight, which keep the adapters they were added with")
-        tensors = {name: tensor for bucket in buckets for name, tensor in bucket.items()}
+        assert self.lora is not None and self.stepper.in_flight == 0
         previous = self.policy_version if self._adapter is not None else None
         loaded = self.llm.collective_rpc(lora_engine.register, args=(version, tensors, peft_config(self.lora),
                                                                      previous))[0]

@@ -122,3 +122,46 @@ def test_a_bfloat16_engine_passes_the_check_with_the_adapters_cast_as_it_holds_t
         assert served_vs_learner(bf16, learner) < 0.1  # bf16 kernels against the fp32 learner
     finally:
         bf16.close()
+
+
+def test_a_push_during_a_turn_waits_for_it_and_later_turns_use_the_new_adapters(tiny_model_dir):
+    # A vLLM request keeps the adapters it was added with: the push drains the engine (the turn in flight finishes
+    # with version 1's adapters and is stamped 1), then swaps; the next turns sample, stamped 2, with version 2's.
+    import threading
+    import time
+
+    from distrl.batching import pad
+
+    old, new = make_lora_learner(tiny_model_dir), make_lora_learner(tiny_model_dir)
+    randomize_b(old.model, seed=1)
+    randomize_b(new.model, seed=2)
+    cfg = RolloutConfig(dtype="float32", n_samples_per_prompt=4, sampling={"max_new_tokens": 160})
+    worker = RolloutWorker(cfg, ModelConfig(path=str(tiny_model_dir)), max_prompt_tokens=16, seed=4,
+                           lora=LoraConfig(**LORA))
+    try:
+        push(old, worker, 1)
+        worker.generate([Prompt(index=0, text="", prompt_ids=PROMPTS[0])], [0])  # warm-up, off the clock
+        results, ended = [], []
+
+        def generate() -> None:
+            results.append(worker.generate([Prompt(index=i, text="", prompt_ids=p) for i, p in enumerate(PROMPTS)],
+                                           [1, 2, 3]))
+            ended.append(time.perf_counter())
+
+        generating = threading.Thread(target=generate)
+        generating.start()
+        time.sleep(0.3)
+        began = time.perf_counter()
+        push(new, worker, 2)
+        pushed = time.perf_counter()
+        generating.join(timeout=120)
+        assert began < ended[0] <= pushed  # the push came mid-turn and waited for the turn
+        (rollouts,) = results
+        assert {v for versions in rollouts.token_versions for v in versions} == {1}
+        sequences = pad(rollouts, 0)
+        mask = sequences.response_mask.bool()
+        assert (sequences.rollout_logprobs - old.logprobs(sequences, 1.0))[mask].abs().max() < 1e-5
+        assert worker.check_weights(2, new.weights_fingerprint("float32"), "rollout 0") == 2
+        assert served_vs_learner(worker, new) < 1e-5
+    finally:
+        worker.close()

@@ -74,3 +74,16 @@ def test_lora_on_two_sharded_learners(ray_session, tmp_path):
     assert [h["step"] for h in history] == [1, 2, 3]
     assert all(abs(h["correction/mismatch_kl/staleness_0"]) < 1e-4 for h in history)
     assert all(h["sync/bytes"] == 188416 for h in history)
+
+
+def test_multi_turn_lora_run_in_the_async_loop(ray_session, tmp_path):
+    # Episodes with an environment, 4 chunks per engine (the default with an env): pushes land while turns are in
+    # flight, each waits for them (a request keeps its adapters) and the later turns sample with the new ones.
+    history = train(lora_config(tmp_path, "run.steps=3", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=2",
+                                "rollout.sampling.max_new_tokens=6", "env.class=tests.agent_envs:Chatter",
+                                "env.kwargs.turns=2", "learner.micro_batch_size=4", "loop.mode=async",
+                                "loop.max_staleness=1"))
+    assert [h["step"] for h in history] == [1, 2, 3]
+    assert all(h["agent/turns_mean"] == 2.0 and h["agent/retokenization_drift"] == 0.0 for h in history)
+    assert all(abs(h["correction/mismatch_kl/staleness_0"]) < 1e-4 for h in history
+               if "correction/mismatch_kl/staleness_0" in h)
