@@ -84,6 +84,18 @@ async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: lis
     return as_rollouts(results, groups, n, worker.policy_version)
 
 
+async def swap_adapters(worker: RolloutWorker, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
+    """`worker.load_weights` with `learner.lora`, on the engine's loop: drain the engine, put the adapters of
+    `version` in its slot (`RolloutWorker._load_adapter`), admit the waiting turns again."""
+    worker._check_usable()
+    tensors = {name: tensor for bucket in buckets for name, tensor in bucket.items()}  # megabytes
+    await worker.stepper.drain()
+    try:
+        return worker._load_adapter(version, tensors)
+    finally:
+        worker.stepper.admit()
+
+
 def _end_worker(engine: EngineLoop, serving: list[AgentServer]) -> None:
     """Close the agents' endpoint's listening socket, shut the vLLM engine down, then end the engine's loop (all on
     the loop, in order), and wait for it: once a worker is closed, its port refuses connections.
@@ -267,17 +279,9 @@ class RolloutWorker:
         drained instead (turns in flight finish with the adapters they started with, stamped with their version; new
         turns wait), then the new version's adapters replace them (`_load_adapter`)."""
         if self.lora is not None:
-            return self.engine.run(self._swap_adapters(version, buckets))
+            # A module function, not a method: Ray runs a class with any coroutine method as an asyncio actor.
+            return self.engine.run(swap_adapters(self, version, buckets))
         return self.engine.call(self._load_weights, version, buckets)
-
-    async def _swap_adapters(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
-        self._check_usable()
-        tensors = {name: tensor for bucket in buckets for name, tensor in bucket.items()}  # megabytes
-        await self.stepper.drain()
-        try:
-            return self._load_adapter(version, tensors)
-        finally:
-            self.stepper.admit()
 
     def _load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         self._check_usable()
