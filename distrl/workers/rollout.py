@@ -135,9 +135,12 @@ def eval_sampling(rollout: SamplingConfig, e: EvalSamplingConfig) -> SamplingCon
 
 @dataclass
 class Served:
-    """The policy version an engine serves: read by its stepper at every step, set by a weight load."""
+    """The policy version an engine serves: read by its stepper at every step, set by a weight load; with
+    `learner.lora`, also the `LoRARequest` of its adapters, which every new request carries (None before the first
+    push)."""
 
     version: int = 0
+    adapter: Any = None
 
 
 def request_seed(seed: int, ticket: int) -> int:
@@ -173,7 +176,6 @@ class RolloutWorker:
         self._serving: list[AgentServer] = []  # the endpoint, once it listens (closed with the worker)
         self._torn: str | None = None  # why the engine may not serve (see load_weights)
         self.lora = lora
-        self._adapter: Any = None  # the LoRARequest of the adapters served now (with lora, once pushed)
         self.on_gpu = on_gpu = granted_device(num_gpus, "rollout") == "cuda"
         engine_args: dict[str, Any] = dict(
             model=resolve_model_path(model),
@@ -210,7 +212,7 @@ class RolloutWorker:
         self.stepper = self.engine.call(EngineStepper, self.llm.llm_engine,
                                         functools.partial(sampling_params, cfg.sampling), lambda: served.version,
                                         decode,  # vLLM's own default for completion text: special tokens skipped
-                                        lambda: self._adapter)
+                                        lambda: served.adapter)
         self.engine.start(self.stepper.run())
         budget = Budget.of(cfg.sampling.max_new_tokens, environment, self.llm.llm_engine.model_config.max_model_len)
         hosts = parser = None
@@ -312,13 +314,13 @@ class RolloutWorker:
         from distrl.workers.lora import peft_config
 
         assert self.lora is not None and self.stepper.in_flight == 0
-        previous = self.policy_version if self._adapter is not None else None
+        previous = self.policy_version if self.served.adapter is not None else None
         loaded = self.llm.collective_rpc(lora_engine.register, args=(version, tensors, peft_config(self.lora),
                                                                      previous))[0]
         if loaded == 0:
             raise RuntimeError(f"the adapters of version {version} ({len(tensors)} tensors) match no layer of the "
                                f"engine's model")
-        self._adapter = lora_engine.request_for(version)
+        self.served.adapter = lora_engine.request_for(version)
         self.llm.reset_prefix_cache()  # blocks cached under the previous version's name can no longer be asked for
         self.served.version = version
         return version
@@ -342,7 +344,7 @@ class RolloutWorker:
 
     def _adapter_fingerprint(self, version: int, rank: int) -> Fingerprint:
         """The fingerprint of the adapters in the slot of `version`, empty unless requests now carry them."""
-        if self._adapter is None or self._adapter.lora_int_id != lora_engine.lora_id(version):
+        if self.served.adapter is None or self.served.adapter.lora_int_id != lora_engine.lora_id(version):
             return {}
         return self.llm.collective_rpc(lora_engine.slot_fingerprint, args=(version, rank))[0]
 
@@ -378,7 +380,7 @@ class RolloutWorker:
             raise RuntimeError("RolloutWorker.score steps the engine itself: call it while no generation runs")
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
-                                    use_tqdm=False, lora_request=self._adapter)
+                                    use_tqdm=False, lora_request=self.served.adapter)
         return [[step[tok].logprob
                  for tok, step in zip(seq[prompt_len:], out.prompt_logprobs[prompt_len:], strict=True)]
                 for seq, out in zip(sequences, outputs, strict=True)]
