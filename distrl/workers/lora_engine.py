@@ -10,10 +10,11 @@ as measured in `shared/probes/vllm-cpu-lora-2026-11-24.md`:
   name and path, and its LRU by the int id, so neither can hand a new version an old one's state.
 - `LoRAModel.from_lora_tensors` keeps the tensors it is given and `optimize` then multiplies B by alpha / r in
   place: the tensors are cloned first, or a second engine in the process (tests) would scale them again.
-- The previous version is removed before the new one is activated: an engine serves one adapter (`max_loras=1`),
-  and every request carries it (never a request without an adapter: vLLM's CPU LoRA kernels serve a request
-  without one the adapter in the last slot), so no request can fall back to reloading a vanished version from its
-  placeholder path, which would fail it and stall the engine.
+- The previous version is removed before the new one is activated, once the engine is drained
+  (`RolloutWorker.load_weights`): an engine serves one adapter (`max_loras=1`) and every request carries it (never
+  a request without an adapter: vLLM's CPU LoRA kernels serve a request without one the adapter in the last slot),
+  so no request can fall back to reloading a vanished version from its placeholder path, which would fail it and
+  stall the engine.
 """
 
 from __future__ import annotations
