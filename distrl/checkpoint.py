@@ -3,6 +3,8 @@
     policy/                     the policy learners' part (`write_trainer`)
       model/                    the policy in HF format with its tokenizer, loadable by transformers and vLLM, in
                                 the rollout dtype (`rollout.dtype`: what the engines served; bfloat16 by default)
+      adapter/                  instead, with learner.lora: the adapters in PEFT's format (adapter_config.json,
+                                adapter_model.safetensors); `distrl export --merge` makes an HF model of them
       trainer_state.safetensors the optimizer's tensors (Adam moments, step counts), keyed by their place in the
                                 state, and a replica's float32 weights (a sharded part keeps them in shards/)
       trainer_state.json        the rest of the optimizer and scheduler state and the trainer's counters
@@ -121,17 +123,18 @@ def begin(directory: str | Path) -> Path:
     return tmp
 
 
-def write_trainer(directory: str | Path, model, trainer_state: dict) -> FileList:
-    """One trained model's part of a checkpoint, in `directory` (e.g. TMP/policy): `model` in HF format under
-    model/ (its `save_pretrained`, e.g. `distrl.workers.hf_export.HFCopy`'s; None: no HF copy), and `trainer_state`
-    (`save_state`). Every file is flushed to disk before this returns, on the writer's node; returns them
-    (`describe`). The model/ folder is this writer's alone, so it is listed to find what was written there."""
+def write_trainer(directory: str | Path, model, trainer_state: dict, model_dir: str = "model") -> FileList:
+    """One trained model's part of a checkpoint, in `directory` (e.g. TMP/policy): `model` saved with its
+    `save_pretrained` under `model_dir` (HF format under model/, e.g. `distrl.workers.hf_export.HFCopy`'s; a peft
+    model's adapters in PEFT's format under adapter/; None: no HF copy), and `trainer_state` (`save_state`). Every
+    file is flushed to disk before this returns, on the writer's node; returns them (`describe`). The model's folder
+    is this writer's alone, so it is listed to find what was written there."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if model is not None:
-        model.save_pretrained(path / "model", safe_serialization=True)
-        written += sorted(p for p in (path / "model").rglob("*") if p.is_file())
+        model.save_pretrained(path / model_dir, safe_serialization=True)
+        written += sorted(p for p in (path / model_dir).rglob("*") if p.is_file())
     written += save_state(trainer_state, path, TRAINER_STATE)
     return describe(path, written)
 

@@ -1,4 +1,4 @@
-"""`distrl train | validate | eval | make-tiny-model`.
+"""`distrl train | validate | eval | export | make-tiny-model`.
 
 Only argparse, Pydantic and YAML are imported until a command needs more: `distrl --help` and config errors never
 import torch, Ray or vLLM. `distrl validate` then runs the preflight (`distrl.preflight`), which loads the model's
@@ -39,6 +39,15 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--model", help="a model directory or hub name (default: the config's model.path)")
     evaluate.add_argument("--output", help="where the samples and figures go (default: CHECKPOINT/eval, or "
                                            "./eval without a checkpoint)")
+    export = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model with its tokenizer "
+                                           "(LoRA adapters merged into the base with --merge)")
+    _add_config_args(export, positional=False)
+    export.add_argument("--checkpoint", required=True, help="a checkpoint directory, RUN_DIR/checkpoints/step_N")
+    export.add_argument("--output", required=True, help="the model directory to write (new or empty)")
+    export.add_argument("--merge", action="store_true", help="fold LoRA adapters (learner.lora) into the base "
+                                                             "model (config's model.path)")
+    export.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="dtype of the written weights")
     tiny = sub.add_parser("make-tiny-model", help="build a small random Llama + locally trained tokenizer")
     tiny.add_argument("dir", help="output directory")
     tiny.add_argument("--seed", type=int, default=0)
@@ -54,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg = config.load(args.config, args.overrides)
-        if args.command in ("validate", "eval"):
-            return _validate(cfg) if args.command == "validate" else _evaluate(cfg, args)
+        commands = {"validate": lambda: _validate(cfg), "eval": lambda: _evaluate(cfg, args),
+                    "export": lambda: _export(cfg, args)}
+        if args.command in commands:
+            return commands[args.command]()
         from distrl.driver import train
         from distrl.stop import Stopped
 
@@ -94,6 +105,18 @@ def _evaluate(cfg: config.Config, args: argparse.Namespace) -> int:
         return 2
     print(json.dumps({"policy_version": version, **figures}, indent=1))
     print(f"samples and figures written to {output}", file=sys.stderr)
+    return 0
+
+
+def _export(cfg: config.Config, args: argparse.Namespace) -> int:
+    from distrl.export_command import ExportError, export
+
+    try:
+        out = export(cfg, args.checkpoint, args.output, args.merge, args.dtype)
+    except ExportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(out)
     return 0
 
 

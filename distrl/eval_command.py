@@ -32,6 +32,10 @@ def model_to_evaluate(cfg: Config, checkpoint_dir: str | None, model: str | None
     step, path = 0, model
     if checkpoint_dir is not None:
         policy = Path(checkpoint_dir) / "policy" / "model"
+        if (policy.parent / "adapter").is_dir():
+            raise EvalError(f"--checkpoint {checkpoint_dir} holds LoRA adapters (policy/adapter): merge them into the "
+                            f"base with `distrl export --config CONFIG --checkpoint {checkpoint_dir} --merge --output "
+                            f"DIR`, then evaluate --model DIR")
         if not (policy / "config.json").is_file():
             raise EvalError(f"--checkpoint {checkpoint_dir}: no policy model at {policy} (a checkpoint directory is "
                             f"RUN_DIR/checkpoints/step_N)")

@@ -18,8 +18,9 @@ from distrl.agents.chat import ChatRenderer
 from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, Sampled, as_rollouts
 from distrl.agents.host import EnvHost
 from distrl.agents.tool_calls import ToolCallParser
-from distrl.config import EnvConfig, ModelConfig, RolloutConfig
+from distrl.config import EnvConfig, LoraConfig, ModelConfig, RolloutConfig
 from distrl.types import Episode, Prompt, Rollouts
+from distrl.workers import lora as adapters
 from distrl.workers.fingerprint import Fingerprint, check, of_tensors
 from distrl.workers.model import DTYPES, load_causal_lm, load_tokenizer
 from distrl.workers.rollout import eval_sampling, request_seed
@@ -28,9 +29,13 @@ from distrl.workers.rollout import eval_sampling, request_seed
 class HFRolloutWorker:
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
                  num_gpus: float = 0.0, environment: EnvConfig | None = None, envs: EnvClient | None = None,
-                 max_restarts: int = 0, address: Any = None, max_new_tokens: int | None = None):
-        self.cfg = cfg
-        self.model = load_causal_lm(model, "float32").requires_grad_(False)
+                 max_restarts: int = 0, address: Any = None, max_new_tokens: int | None = None,
+                 lora: LoraConfig | None = None):
+        self.cfg, self.lora = cfg, lora
+        self.model = load_causal_lm(model, "float32")
+        if lora is not None:  # the pushed adapters on the frozen base, as vLLM serves them
+            self.model = adapters.wrap(self.model, lora)
+        self.model.requires_grad_(False)
         self.tokenizer = load_tokenizer(model)
         self.seed = seed
         self.policy_version = 0
@@ -101,12 +106,20 @@ class HFRolloutWorker:
 
     def load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         state = {name: t.float() for bucket in buckets for name, t in bucket.items()}
-        self.model.load_state_dict(state, strict=False)
+        if self.lora is not None:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, state)
+        else:
+            self.model.load_state_dict(state, strict=False)
         self.policy_version = version
         return version
 
     def check_weights(self, version: int, expected: Fingerprint, name: str) -> int:
-        check(expected, of_tensors(self.model.state_dict().items(), DTYPES[self.cfg.dtype]), name, version)
+        dtype = DTYPES[self.cfg.dtype]
+        served = (adapters.served_tensors(adapters.adapter_tensors(self.model), dtype, self.lora.scaling)
+                  if self.lora is not None else self.model.state_dict().items())
+        check(expected, of_tensors(served, dtype), name, version)
         return version
 
 

@@ -102,7 +102,7 @@ def worker(llm: FakeLLM) -> RolloutWorker:
     """A RolloutWorker around a fake engine (the real constructor starts vLLM) on an engine thread of its own."""
     engine = RolloutWorker.__new__(RolloutWorker)
     engine.engine = EngineLoop(lambda: llm)
-    engine.llm, engine.served, engine._torn, engine.on_gpu = llm, Served(), None, False
+    engine.llm, engine.served, engine._torn, engine.on_gpu, engine.lora = llm, Served(), None, False, None
     engine.stepper = SimpleNamespace(in_flight=0)
     return engine
 

@@ -1,4 +1,5 @@
-"""Starting the job's actor groups from the config: rollout (vLLM), reference (only when a KL term needs it),
+"""Starting the job's actor groups from the config: rollout (vLLM), reference (only when a KL term needs it and the
+learners cannot answer for it: with `learner.lora` the reference is their base model, the adapters disabled),
 learners (data-parallel, joined in one torch.distributed group) and critics (only for GAE; data-parallel in their
 own group), plus the weight sync between the learners and the engines.
 
@@ -144,7 +145,8 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
             env=actor_env("learner", cfg, ENGINE_ENV),
             init=lambda i: ((inits.learner(i), inits.rollout(i, c.learner.num_gpus, sleep_mode=True),
                              inits.reference(i, c.learner.num_gpus) if cfg.needs_reference else None, c.hybrid),
-                            dict(dtype=cfg.rollout.dtype, bucket_bytes=c.sync_bucket_bytes, full_pushes=True,
+                            dict(dtype=cfg.rollout.dtype, bucket_bytes=c.sync_bucket_bytes,
+                                 full_pushes=cfg.learner.lora is None,
                                  sync_loop=cfg.max_staleness == 0, grouped=isinstance(backend, RayBackend))))
         groups.append(hybrids)
         rollout: ActorGroup[RolloutWorker] = RoleView(hybrids, "rollout")
@@ -186,8 +188,9 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
                                       c.sync_timeout_s, c.verify_weights)
     else:
         gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
-        sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes, gpus,
-                                c.sync_timeout_s, c.verify_weights)
+        # Adapters (learner.lora) are megabytes: the object store carries them on GPUs too.
+        sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes,
+                                gpus and cfg.learner.lora is None, c.sync_timeout_s, c.verify_weights)
     return Roles(backend, rollout, learner, reference, sync, critic)
 
 
@@ -210,7 +213,7 @@ class RoleInits:
         return (cfg.rollout, cfg.model), dict(
             max_prompt_tokens=cfg.longest_prompt_tokens, max_new_tokens=cfg.longest_turn_tokens,
             seed=sampling_seed(cfg), num_gpus=num_gpus, environment=cfg.env, envs=self.envs,
-            max_restarts=cfg.cluster.recovery.max_restarts, address=node_address,
+            max_restarts=cfg.cluster.recovery.max_restarts, address=node_address, lora=cfg.learner.lora,
             **({"sleep_mode": True} if sleep_mode else {}))
 
     def reference(self, i: int, num_gpus: float) -> tuple[tuple, dict]:

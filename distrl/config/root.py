@@ -91,8 +91,8 @@ class Config(Section):
                 and not (self.loss.kl.target == "reward" and self.loss.kl.coef > 0))
 
     @property
-    def needs_reference(self) -> bool:
-        """Whether a reference actor must exist (a KL term with a non-zero coefficient)."""
+    def needs_ref_logprobs(self) -> bool:
+        """Whether the step needs reference log-probs (a KL term with a non-zero coefficient)."""
         return self.loss.kl.coef > 0.0
 
     @property
@@ -100,6 +100,12 @@ class Config(Section):
         """Rollout engines of the job: one per rollout actor, or one per hybrid actor (`cluster.colocate: hybrid`)."""
         c = self.cluster
         return c.learner.num_actors if c.hybrid_mode else c.rollout.num_actors
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a reference actor must exist: reference log-probs are needed and the learners cannot give them
+        (with `learner.lora` the reference is the learners' own base model, the adapters disabled)."""
+        return self.needs_ref_logprobs and self.learner.lora is None
 
     @property
     def norm_len(self) -> int:
@@ -208,6 +214,7 @@ class Config(Section):
                           f"rollout.n_samples_per_prompt >= 2 (got {g})")
         errors += self._critic_problems()
         errors += self._hybrid_problems()
+        errors += self._lora_problems()
         batch, mini = self.global_batch_size, self.mini_batch_size
         learners, micro = self.cluster.learner.num_actors, self.learner.micro_batch_size
         if batch % mini:
@@ -255,6 +262,24 @@ class Config(Section):
         for line in idle_gpu_warnings(self.cluster, used):
             warnings.warn(line, UserWarning, stacklevel=2)
         return self
+
+    def _lora_problems(self) -> list[str]:
+        """What `learner.lora` cannot be combined with, and why."""
+        if self.learner.lora is None:
+            return []
+        errors = []
+        if self.learner.strategy.type == "fsdp" and self.learner.strategy.cpu_offload:
+            errors.append("learner.lora with learner.strategy.cpu_offload: peft places the adapters beside the base's "
+                          "CPU-resident shards, and FSDP brings only the base to the GPU for each layer; set "
+                          "cpu_offload false (the frozen base has no gradients or optimizer state to offload)")
+        if self.needs_ref_logprobs and self.reference.path is not None:
+            errors.append(f"learner.lora with reference.path {self.reference.path!r}: with adapters the reference is "
+                          f"the learners' base model (the adapters disabled), not another model; set "
+                          f"reference.path null")
+        if self.cluster.weight_sync == "nccl":
+            errors.append("learner.lora with cluster.weight_sync 'nccl': a push sends only the adapters (megabytes), "
+                          "through the object store; set cluster.weight_sync 'auto' or 'object_store'")
+        return errors
 
     @property
     def critic_mini_batch_size(self) -> int:

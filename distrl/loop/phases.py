@@ -64,9 +64,14 @@ class Job:
 
 
 def start_reference(job: Job, sequences: Sequences) -> list[Any] | None:
-    """Reference log-probs on the reference actors, row shards spread evenly (None without a KL term)."""
-    if job.roles.reference is None:
+    """Reference log-probs, row shards spread evenly: on the reference actors, or with `learner.lora` on the
+    learners, whose base model with the adapters disabled is the reference (None without a KL term)."""
+    if not job.cfg.needs_ref_logprobs:
         return None
+    if job.roles.reference is None:  # learner.lora
+        job.learner_clock.start()
+        shards = sequences.split(min(len(job.roles.learner), sequences.batch_size))
+        return job.roles.learner.map_shards(Learner.ref_logprobs, shards)
     job.reference_clock.start()
     shards = sequences.split(min(len(job.roles.reference), sequences.batch_size))
     return job.roles.reference.map_shards(ReferenceWorker.logprobs, shards)
@@ -98,10 +103,15 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
     compute advantages: the complete `TrainBatch` of `step`, and its advantage, staleness and per-staleness
     correction metrics. `time/reference`, `time/old_logprobs` and `time/values` are the waits for each in turn."""
     cfg = job.cfg
+    ref_logprobs: torch.Tensor | None = None
     with job.timer("reference"):
-        ref_parts = job.producer.wait_for(ref or [], calls(job.roles.reference, "log-probs", ref))
-        job.reference_clock.stop()
-        ref_logprobs = torch.cat(ref_parts) if ref else None
+        if ref:
+            answering = job.roles.reference or job.roles.learner  # learner.lora: the learners' base model
+            ref_logprobs = torch.cat(job.producer.wait_for(ref, calls(answering, "reference log-probs", ref)))
+            if job.roles.reference is not None:
+                job.reference_clock.stop()
+            elif not old:  # else the learners go on with the old log-probs, waited for next
+                job.learner_clock.stop()
     old_logprobs: torch.Tensor | None = None  # taken by the update from its own forward pass
     with job.timer("old_logprobs"):
         if old:

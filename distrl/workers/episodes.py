@@ -37,11 +37,17 @@ class EngineStepper:
     """Samples turns on `engine` (a vLLM `LLMEngine`), for every episode of every generation call in flight; lives
     as long as its worker, on the engine's thread (`distrl.workers.engine_loop`). `make_params(max_tokens, seed)`
     builds a request's `SamplingParams`; `version()` is the policy version served now; `decode(ids)` gives a turn's
-    text where the engine did not detokenize."""
+    text where the engine did not detokenize; `adapter()` is the `LoRARequest` of the adapters served now (None
+    without `learner.lora`)."""
 
     def __init__(self, engine: Any, make_params: Callable[[int, int], Any], version: Callable[[], int],
-                 decode: Callable[[list[int]], str]):
+                 decode: Callable[[list[int]], str], adapter: Callable[[], Any] = lambda: None):
         self.engine, self.make_params, self._version, self.decode = engine, make_params, version, decode
+        self.adapter = adapter  # the LoRARequest every new request carries (None: the engine's own weights)
+        self.admitting = asyncio.Event()  # cleared while adapters are swapped: new turns wait (`drain`)
+        self.admitting.set()
+        self.drained = asyncio.Event()  # set whenever no request is in the engine
+        self.drained.set()
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._wake = asyncio.Event()
@@ -60,11 +66,13 @@ class EngineStepper:
 
         if self.error is not None:
             raise RuntimeError(f"the engine failed earlier: {self.error}") from self.error
+        await self.admitting.wait()
         request_id = f"turn-{next(self._ids)}"
         request = _Request(asyncio.get_running_loop().create_future())
         self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)),
-                                (make_params or self.make_params)(max_tokens, seed))
+                                (make_params or self.make_params)(max_tokens, seed), lora_request=self.adapter())
         self.requests[request_id] = request
+        self.drained.clear()
         self._wake.set()
         try:
             return await request.future
@@ -78,6 +86,7 @@ class EngineStepper:
         and every later one (the worker cannot serve any more)."""
         while True:
             if not self.requests:
+                self.drained.set()
                 if self._closing:
                     return
                 self._wake.clear()
@@ -91,6 +100,7 @@ class EngineStepper:
                 for request in self.requests.values():
                     request.future.set_exception(err)
                 self.requests.clear()
+                self.drained.set()
                 return
             share = (time.perf_counter() - began) / len(self.requests)
             for request in self.requests.values():
@@ -99,6 +109,16 @@ class EngineStepper:
             for out in outputs:
                 self._collect(out, version)
             await asyncio.sleep(0)  # episodes whose turn finished, environment calls and other work run now
+
+    async def drain(self) -> None:
+        """Return once no request is in the engine, admitting none meanwhile (turns in flight finish; new turns wait
+        in `sample` until `admit`)."""
+        self.admitting.clear()
+        await self.drained.wait()
+
+    def admit(self) -> None:
+        """Let the turns waiting since `drain` into the engine."""
+        self.admitting.set()
 
     @property
     def in_flight(self) -> int:

@@ -21,8 +21,14 @@ Spec = list[tuple[str, tuple[int, ...]]]
 
 
 def exported(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) of every weight the engines load, in state-dict order, tied ones under each name."""
-    yield from model.state_dict().items()
+    """(HF name, tensor) of every weight the engines load, in state-dict order, tied ones under each name; only the
+    adapter tensors (PEFT names) of a model with adapters."""
+    from distrl.workers import lora
+
+    if lora.is_adapted(model):
+        yield from lora.adapter_tensors(model)
+    else:
+        yield from model.state_dict().items()
 
 
 def specs(model: torch.nn.Module, bucket_bytes: int, dtype: str | torch.dtype) -> list[Spec]:
@@ -42,7 +48,7 @@ def specs(model: torch.nn.Module, bucket_bytes: int, dtype: str | torch.dtype) -
 
 def bucket(model: torch.nn.Module, spec: Spec, dtype: str, device: str = "cpu") -> dict[str, torch.Tensor]:
     """The tensors of one bucket `spec`, cast to `dtype`, contiguous on `device`."""
-    state = model.state_dict()
+    state = dict(exported(model))
     with torch.no_grad():
         return {name: state[name].detach().to(device, DTYPES[dtype]).contiguous() for name, _ in spec}
 

@@ -37,7 +37,8 @@ ENGINE_CALLS = {("rollout", "generate"), ("rollout", "score"), ("rollout", "chec
 """Calls that run the engine: it must be awake, with its KV cache, and the optimizer's state may leave the device."""
 TRAINING_CALLS = {("learner", "update"), ("learner", "save_checkpoint"), ("learner", "load_checkpoint")}
 """Calls that need the optimizer's state on the device (and the engine asleep)."""
-SCORING_CALLS = {("learner", "logprobs"), ("reference", "logprobs"), ("learner", "weights_fingerprint")}
+SCORING_CALLS = {("learner", "logprobs"), ("learner", "ref_logprobs"), ("reference", "logprobs"),
+                 ("learner", "weights_fingerprint")}
 """Calls that run a forward pass of the learner or the reference: the engine sleeps."""
 
 

@@ -17,7 +17,7 @@ from distrl.algo import LossInputs, compute_loss
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
 from distrl.merging import Figures
 from distrl.types import Sequences, TrainBatch
-from distrl.workers import dist, export, fingerprint, nccl
+from distrl.workers import dist, export, fingerprint, lora, nccl
 from distrl.workers.device import granted_device
 from distrl.workers.fingerprint import Fingerprint
 from distrl.workers.hf_export import HFExport
@@ -79,6 +79,19 @@ class Learner:
         """Current-policy log-probs of the response tokens, no gradient: `[B, T]` float32 on CPU. Called before
         `update` they are the old log-probs of decoupled PPO. `temperature` defaults to the sampling temperature
         (1.0 gives the raw model log-probs, e.g. to compare with vLLM's prompt log-probs)."""
+        return self._score(sequences, temperature)
+
+    def ref_logprobs(self, sequences: Sequences) -> torch.Tensor:
+        """The reference's log-probs of the response tokens with `learner.lora`: the base model, the adapters
+        disabled (peft's `disable_adapter`), at the sampling temperature, as `ReferenceWorker.logprobs` gives them:
+        `[B, T]` float32 on CPU. The base never changes, so any time gives the same answer."""
+        if self.cfg.lora is None:
+            raise RuntimeError("Learner.ref_logprobs: the learners answer for the reference only with learner.lora "
+                               "(otherwise a reference actor holds the reference model)")
+        with self.model.disable_adapter():  # type: ignore[operator]
+            return self._score(sequences, None)
+
+    def _score(self, sequences: Sequences, temperature: float | None) -> torch.Tensor:
         self.model.eval()
         try:
             with self.trainer.autocast:
@@ -159,6 +172,9 @@ class Learner:
         (learner 0; the others return an empty one). Sharded weights are gathered bucket by bucket, in `dtype`,
         each bucket's gathers done on every learner before the next (`sharding.gather_bucket`), and fingerprinted on
         the CPU like a replica's."""
+        if self.cfg.lora is not None:  # the adapters as the engines hold them, B scaled (`lora.served_tensors`)
+            served = lora.served_tensors(export.exported(self.model), DTYPES[dtype], self.cfg.lora.scaling)
+            return fingerprint.of_tensors(served, DTYPES[dtype]) if dist.rank() == 0 else {}
         if not self.strategy.sharded:
             return fingerprint.of_tensors(export.exported(self.model), DTYPES[dtype]) if dist.rank() == 0 else {}
         out: Fingerprint = {}
@@ -188,8 +204,9 @@ class Learner:
     # ---------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, directory: str, hf_dtype: str = "bfloat16") -> checkpoint.FileList:
         """Write this learner's part of a checkpoint (the policy in HF format in `hf_dtype`, the rollout dtype, with
-        its tokenizer; the float32 weights, optimizer and schedule state) to `directory`, which the driver made
-        (`checkpoint.begin`). Every learner is called (`Trainer.save`); returns the files this one wrote."""
+        its tokenizer, or its adapters in PEFT's format with `learner.lora`; the float32 weights, optimizer and
+        schedule state) to `directory`, which the driver made (`checkpoint.begin`). Every learner is called
+        (`Trainer.save`); returns the files this one wrote."""
         return self.trainer.save(directory, HFExport(hf_dtype, tokenizer_path(self.model_cfg),
                                                      self.model_cfg.trust_remote_code))
 

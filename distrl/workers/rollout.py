@@ -27,9 +27,9 @@ from distrl.agents.chat import ChatRenderer
 from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, as_rollouts
 from distrl.agents.server import AgentServer
 from distrl.agents.tool_calls import ToolCallParser
-from distrl.config import EnvConfig, EvalSamplingConfig, ModelConfig, RolloutConfig, SamplingConfig
+from distrl.config import EnvConfig, EvalSamplingConfig, LoraConfig, ModelConfig, RolloutConfig, SamplingConfig
 from distrl.types import Prompt, Rollouts
-from distrl.workers import fingerprint
+from distrl.workers import fingerprint, lora_engine
 from distrl.workers.device import granted_device
 from distrl.workers.engine_loop import EngineLoop
 from distrl.workers.episodes import EngineStepper, Resampled
@@ -84,6 +84,18 @@ async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: lis
     return as_rollouts(results, groups, n, worker.policy_version)
 
 
+async def swap_adapters(worker: RolloutWorker, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
+    """`worker.load_weights` with `learner.lora`, on the engine's loop: drain the engine, put the adapters of
+    `version` in its slot (`RolloutWorker._load_adapter`), admit the waiting turns again."""
+    worker._check_usable()
+    tensors = {name: tensor for bucket in buckets for name, tensor in bucket.items()}  # megabytes
+    await worker.stepper.drain()
+    try:
+        return worker._load_adapter(version, tensors)
+    finally:
+        worker.stepper.admit()
+
+
 def _end_worker(engine: EngineLoop, serving: list[AgentServer]) -> None:
     """Close the agents' endpoint's listening socket, shut the vLLM engine down, then end the engine's loop (all on
     the loop, in order), and wait for it: once a worker is closed, its port refuses connections.
@@ -123,9 +135,12 @@ def eval_sampling(rollout: SamplingConfig, e: EvalSamplingConfig) -> SamplingCon
 
 @dataclass
 class Served:
-    """The policy version an engine serves: read by its stepper at every step, set by a weight load."""
+    """The policy version an engine serves: read by its stepper at every step, set by a weight load; with
+    `learner.lora`, also the `LoRARequest` of its adapters, which every new request carries (None before the first
+    push)."""
 
     version: int = 0
+    adapter: Any = None
 
 
 def request_seed(seed: int, ticket: int) -> int:
@@ -141,12 +156,16 @@ class RolloutWorker:
 
     With an agent function (`env.agent`) the worker also serves its OpenAI-compatible endpoint
     (`distrl.agents.server`) on the address `address()` gives, in this process (the node's address in a cluster).
+
+    With `lora` (the learners' `learner.lora`) the engine keeps its base weights and serves the pushed adapters
+    (`distrl.workers.lora_engine`): once a version's adapters are loaded, every request carries them.
     """
 
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
                  num_gpus: float = 0.0, environment: EnvConfig | None = None, envs: EnvClient | None = None,
                  max_restarts: int = 0, address: Callable[[], str] = lambda: "127.0.0.1",
-                 max_new_tokens: int | None = None, sleep_mode: bool = False, in_process_group: bool = False):
+                 max_new_tokens: int | None = None, lora: LoraConfig | None = None, sleep_mode: bool = False,
+                 in_process_group: bool = False):
         for key, value in ENGINE_ENV.items():
             os.environ.setdefault(key, value)
         from vllm import LLM
@@ -157,6 +176,7 @@ class RolloutWorker:
         self.served = Served()
         self._serving: list[AgentServer] = []  # the endpoint, once it listens (closed with the worker)
         self._torn: str | None = None  # why the engine may not serve (see load_weights)
+        self.lora = lora
         self.on_gpu = on_gpu = granted_device(num_gpus, "rollout") == "cuda"
         engine_args: dict[str, Any] = dict(
             model=resolve_model_path(model),
@@ -173,6 +193,9 @@ class RolloutWorker:
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
         )
+        if lora is not None:
+            # One slot: the current version's adapters, which every request carries.
+            engine_args.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)
         if on_gpu:
             # sleep_mode: a hybrid actor's engine releases the GPU while its learner works (`sleep`, `wake_up`).
             engine_args.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=sleep_mode)
@@ -198,7 +221,8 @@ class RolloutWorker:
         served, decode = self.served, functools.partial(self.tokenizer.decode, skip_special_tokens=True)
         self.stepper = self.engine.call(EngineStepper, self.llm.llm_engine,
                                         functools.partial(sampling_params, cfg.sampling), lambda: served.version,
-                                        decode)  # vLLM's own default for completion text: special tokens skipped
+                                        decode,  # vLLM's own default for completion text: special tokens skipped
+                                        lambda: served.adapter)
         self.engine.start(self.stepper.run())
         budget = Budget.of(cfg.sampling.max_new_tokens, environment, self.llm.llm_engine.model_config.max_model_len)
         hosts = parser = None
@@ -270,7 +294,14 @@ class RolloutWorker:
 
         Runs on the engine's thread between two engine steps: turns in flight go on with the new weights from the
         next step (their cached keys and values are computed again), each token stamped with the version that
-        sampled it."""
+        sampled it.
+
+        With `learner.lora` the buckets hold adapters, which a vLLM request cannot change once added: the engine is
+        drained instead (turns in flight finish with the adapters they started with, stamped with their version; new
+        turns wait), then the new version's adapters replace them (`_load_adapter`)."""
+        if self.lora is not None:
+            # A module function, not a method: Ray runs a class with any coroutine method as an asyncio actor.
+            return self.engine.run(swap_adapters(self, version, buckets))
         return self.engine.call(self._load_weights, version, buckets)
 
     def _load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
@@ -295,6 +326,24 @@ class RolloutWorker:
         self.served.version = version
         return version
 
+    def _load_adapter(self, version: int, tensors: dict[str, torch.Tensor]) -> int:
+        """The adapter tensors (PEFT names) become the adapters of `version` in the engine's slot, in place of the
+        previous version's, and every request from now on carries them. The engine is drained: no request still
+        carries the previous version's, which are removed."""
+        from distrl.workers.lora import peft_config
+
+        assert self.lora is not None and self.stepper.in_flight == 0
+        previous = self.policy_version if self.served.adapter is not None else None
+        loaded = self.llm.collective_rpc(lora_engine.register, args=(version, tensors, peft_config(self.lora),
+                                                                     previous))[0]
+        if loaded == 0:
+            raise RuntimeError(f"the adapters of version {version} ({len(tensors)} tensors) match no layer of the "
+                               f"engine's model")
+        self.served.adapter = lora_engine.request_for(version)
+        self.llm.reset_prefix_cache()  # blocks cached under the previous version's name can no longer be asked for
+        self.served.version = version
+        return version
+
     def _check_usable(self) -> None:
         if self._torn is not None:
             raise UnusableEngine(self._torn)
@@ -304,9 +353,19 @@ class RolloutWorker:
         `version` (the push's load, resolved first); returns `version`. Raises WeightMismatch naming the engine and
         the first tensor that differs."""
         self._check_usable()
-        served = self.engine.call(self.llm.apply_model, served_fingerprint)[0]  # one worker (TP 1)
+        if self.lora is not None:  # what the engine samples with: the active slot's adapters, B scaled
+            rank = self.lora.rank
+            served = self.engine.call(self._adapter_fingerprint, version, rank)
+        else:
+            served = self.engine.call(self.llm.apply_model, served_fingerprint)[0]  # one worker (TP 1)
         fingerprint.check(expected, served, name, version)
         return version
+
+    def _adapter_fingerprint(self, version: int, rank: int) -> Fingerprint:
+        """The fingerprint of the adapters in the slot of `version`, empty unless requests now carry them."""
+        if self.served.adapter is None or self.served.adapter.lora_int_id != lora_engine.lora_id(version):
+            return {}
+        return self.llm.collective_rpc(lora_engine.slot_fingerprint, args=(version, rank))[0]
 
     def nccl_connect(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
         """Join the NCCL weight-sync world as `rank` (`nccl.make_communicator`), waiting `timeout_s` for the other
@@ -342,7 +401,7 @@ class RolloutWorker:
             raise RuntimeError("RolloutWorker.score steps the engine itself: call it while no generation runs")
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
-                                    use_tqdm=False)
+                                    use_tqdm=False, lora_request=self.served.adapter)
         return [[step[tok].logprob
                  for tok, step in zip(seq[prompt_len:], out.prompt_logprobs[prompt_len:], strict=True)]
                 for seq, out in zip(sequences, outputs, strict=True)]

@@ -1,4 +1,6 @@
-"""How the learners hold a trained model: `Replicated` (a full copy each) or `Sharded` (FSDP2). Plain classes, no Ray.
+"""How the learners hold a trained model: `Replicated` (a full copy each) or `Sharded` (FSDP2); with `learner.lora`,
+`Replicated` wraps its model in adapters and `ShardedBase` shards the frozen base under replicated adapters. Plain
+classes, no Ray.
 
 The training core, the weight export and the checkpoints ask the strategy for what differs:
 
@@ -24,7 +26,7 @@ import torch
 
 from distrl import checkpoint
 from distrl.config import FSDPStrategy, LearnerConfig, ModelConfig
-from distrl.workers import dist, export, sharding
+from distrl.workers import dist, export, lora, sharding
 from distrl.workers.hf_export import HFCopy, HFExport, save_tokenizer
 from distrl.workers.model import DTYPES, load_causal_lm, resolve_model_path
 from distrl.workers.sharding.load import aliases
@@ -43,7 +45,12 @@ class Replicated:
         self.cfg, self.device = cfg, device
 
     def build(self, model_cfg: ModelConfig, path: str | None = None) -> torch.nn.Module:
-        return load_causal_lm(model_cfg, "float32", path=path, device=self.device)
+        """The model this learner trains: float32 master weights; with `learner.lora`, the base frozen in the compute
+        dtype (`learner.dtype`: it is never updated, so it needs no float32 copy) under float32 adapters."""
+        adapters = self.cfg.lora
+        if adapters is None:
+            return load_causal_lm(model_cfg, "float32", path=path, device=self.device)
+        return lora.wrap(load_causal_lm(model_cfg, self.cfg.dtype, path=path, device=self.device), adapters)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         dtype = DTYPES[self.cfg.dtype]
@@ -69,12 +76,16 @@ class Replicated:
              hf: HFExport | None) -> checkpoint.FileList:
         """Write a trainer's part of a checkpoint to `directory`: the float32 weights (a tied name once), the
         optimizer's state and `state` (schedule, counters) among the tensors, and with `hf` an HF copy under model/
-        (`HFCopy`). Learner 0 writes a replica's; returns the files this learner wrote (none on the others)."""
+        (`HFCopy`); with LoRA adapters (`learner.lora`), the adapters in PEFT's format under adapter/ and no weights
+        (the frozen base is the model's own files). Learner 0 writes a replica's; returns the files this learner
+        wrote (none on the others)."""
         if dist.rank() != 0:
             return {}
+        full = {**state, "optimizer": optimizer.state_dict()}
+        if lora.is_adapted(model):
+            return checkpoint.write_trainer(directory, model, full, lora.ADAPTER_DIR)
         tied = aliases(model)
-        weights = {name: tensor for name, tensor in model.state_dict().items() if name not in tied}
-        full = {**state, "optimizer": optimizer.state_dict(), "model": weights}
+        full["model"] = {name: tensor for name, tensor in model.state_dict().items() if name not in tied}
         return checkpoint.write_trainer(directory, HFCopy(model, hf) if hf else None, full)
 
     def load(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -82,10 +93,17 @@ class Replicated:
         """Load what `save` wrote in `directory` (its trainer state read: `state`) into `model` and `optimizer`;
         returns the rest of the state. A checkpoint whose weights are only in its HF copy (written before the
         copy was cast to the rollout dtype) loads them from there."""
+        adapters = Path(directory) / lora.ADAPTER_DIR
+        if lora.is_adapted(model) != adapters.is_dir():
+            raise RuntimeError(f"checkpoint {directory} holds " + ("adapters (learner.lora), and this run trains the "
+                               "whole model" if adapters.is_dir() else "a whole model, and this run trains adapters "
+                               "(learner.lora)") + ": resume with the learner.lora it was written with")
         if "model" in state:
             weights = state.pop("model")
             weights.update({alias: weights[name] for alias, name in aliases(model).items() if name in weights})
             model.load_state_dict(weights)
+        elif adapters.is_dir():
+            lora.load_adapter(adapters, model)
         else:
             checkpoint.load_model(directory, model)
         optimizer.load_state_dict(state.pop("optimizer"))
@@ -157,6 +175,29 @@ class Sharded(Replicated):
         return state
 
 
+class ShardedBase(Sharded):
+    """`fsdp` with `learner.lora`: the frozen base sharded over the learners (FSDP2, each holding 1/M of it, with no
+    gradients or optimizer state for it), the adapters, ~1% of the model, replicated on every learner as under
+    `replicate`: their gradients all-reduced (summed) and clipped as plain tensors, pushed and checkpointed (in PEFT's
+    format, with their optimizer state) by learner 0. Forward passes stay collectives (`Sharded.lockstep`); the base
+    comes from the model's files, so checkpoints need none of it."""
+
+    name = "replicate"  # what a checkpoint holds (the adapters and their optimizer state) is a replica's: either
+    # strategy resumes it
+
+    def build(self, model_cfg: ModelConfig, path: str | None = None) -> torch.nn.Module:
+        assert self.cfg.lora is not None
+        return lora.wrap(super().build(model_cfg, path), self.cfg.lora)  # adapters on the sharded base's layers
+
+    reduce_grads = Replicated.reduce_grads
+    clip = Replicated.clip
+    bucket = Replicated.bucket
+    save = Replicated.save
+    load = Replicated.load
+
+
 def make_strategy(cfg: LearnerConfig, device: str) -> Replicated:
     """The strategy `learner.strategy` names."""
-    return Sharded(cfg, device) if isinstance(cfg.strategy, FSDPStrategy) else Replicated(cfg, device)
+    if isinstance(cfg.strategy, FSDPStrategy):
+        return ShardedBase(cfg, device) if cfg.lora is not None else Sharded(cfg, device)
+    return Replicated(cfg, device)
