@@ -36,15 +36,16 @@ def scenario(rank: int, world: int, port: int, model_dir: Path, out: Path) -> di
         scored = replace(shard, old_logprobs=learner.logprobs(shard.sequences))
         losses.append(values(learner.update(scored))["loss/policy"])
         refs.append(learner.ref_logprobs(shard.sequences))
-    learner.save_checkpoint(str(out / "step_000002.tmp" / "policy"))
-    return {"losses": torch.tensor(losses), "ref": refs[-1], "fingerprint_size": torch.tensor(
+    written: list = [None] * world  # every learner's files, for the manifest (the driver gets them from each)
+    torch.distributed.all_gather_object(written, learner.save_checkpoint(str(out / "step_000002.tmp" / "policy")))
+    return {"losses": torch.tensor(losses), "ref": refs[-1], "written": written, "fingerprint_size": torch.tensor(
         len(learner.weights_fingerprint("float32"))), **adapters(learner)}
 
 
 def test_sharded_base_with_replicated_adapters_trains_as_one_lora_learner(tiny_model_dir, tmp_path):
     tmp = checkpoint.begin(tmp_path / "step_000002")
     result = _spawn("test_lora_fsdp:scenario", tiny_model_dir, tmp_path)
-    path = checkpoint.finish(tmp, {"step": 2}, ("policy",))
+    path = checkpoint.finish(tmp, {"step": 2}, {"policy": result.pop("written")})
 
     single = make_lora_learner(tiny_model_dir)
     data = batch()
