@@ -2,6 +2,7 @@
 learner (with fakes: the CPU build has no sleep mode), the role views' routing, and a run on the local backend that
 equals the same run with every role apart, row for row (real vLLM and transformers, in this process)."""
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from distrl.cluster.group import LocalGroup
 from distrl.cluster.hybrid import RoleView
 from distrl.cluster.roles import role_threads
 from distrl.workers import hybrid
-from distrl.workers.hybrid import DeviceTurns
+from distrl.workers.engine_loop import EngineLoop
+from distrl.workers.hybrid import ACTOR_THREAD, ENGINE_THREAD, DeviceTurns, ThreadTurns
 from distrl.workers.learner import Learner
 from distrl.workers.reference import ReferenceWorker
 from distrl.workers.rollout import RolloutWorker
@@ -148,6 +150,21 @@ def test_on_the_cpu_build_the_turns_change_nothing():
     turns.loaded()
     turns.engine_turn(restore=lambda: pytest.fail("nothing to restore"))
     assert engine.calls == []
+
+
+# ------------------------------------------------------------------------------------------------ thread turns
+def test_a_change_of_thread_ends_the_other_threads_openmp_threads(monkeypatch):
+    released: list[str] = []  # the threads release_threads was called on
+    monkeypatch.setattr(hybrid.openmp, "release_threads", lambda: released.append(threading.current_thread().name))
+    loop = EngineLoop(lambda: None)
+    try:
+        turns = ThreadTurns(loop)
+        for thread in (ENGINE_THREAD, ENGINE_THREAD, ACTOR_THREAD, ACTOR_THREAD, ACTOR_THREAD, ENGINE_THREAD):
+            turns.turn(thread)
+    finally:
+        loop.stop(wait_s=5)
+    caller = threading.current_thread().name
+    assert released == [caller, "distrl-engine", caller]  # once per change, on the thread whose turn is over
 
 
 # ---------------------------------------------------------------------------------------------------- views

@@ -15,6 +15,9 @@ On a GPU the parts also take turns for memory (`DeviceTurns`): the engine sleeps
 score and train (level 1: weights to CPU memory, KV cache released; level 2: weights discarded, since the next push
 loads them anyway), and the optimizer state leaves the device while the engine generates. vLLM's CPU build has no
 sleep mode: on CPU every part stays in memory, and the turns change nothing.
+
+The parts compute on two threads, the actor's (learner, reference) and the engine's, and those take turns too
+(`ThreadTurns`): the OpenMP threads of the one whose turn is over end, else the two pools slow each other down.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from typing import Any
 import torch
 
 from distrl.config import HybridConfig
-from distrl.workers import dist, export
+from distrl.workers import dist, export, openmp
+from distrl.workers.engine_loop import EngineLoop
 from distrl.workers.learner import Learner
 from distrl.workers.reference import ReferenceWorker
 from distrl.workers.rollout import RolloutWorker
@@ -40,6 +44,8 @@ TRAINING_CALLS = {("learner", "update"), ("learner", "save_checkpoint"), ("learn
 SCORING_CALLS = {("learner", "logprobs"), ("learner", "ref_logprobs"), ("reference", "logprobs"),
                  ("learner", "weights_fingerprint")}
 """Calls that run a forward pass of the learner or the reference: the engine sleeps."""
+ACTOR_THREAD, ENGINE_THREAD = "actor", "engine"
+"""The threads a hybrid actor computes on: the actor's (learner, reference) and the engine's (vLLM, pushes)."""
 
 
 class DeviceTurns:
@@ -102,6 +108,26 @@ class DeviceTurns:
             move_optimizer_state(optimizer, device)
 
 
+class ThreadTurns:
+    """Which of the two threads computes next: before its turn, the other one's OpenMP threads end, so that one
+    pool is alive and runs at full speed (why: `distrl.workers.openmp`). Only a change of thread costs anything: the
+    pool's threads end, and the next parallel region starts them again."""
+
+    def __init__(self, engine_loop: EngineLoop):
+        self.engine_loop = engine_loop
+        self.computing: str | None = None  # both threads may hold OpenMP threads until the first turn
+
+    def turn(self, thread: str) -> None:
+        """The next call computes on `thread` (ACTOR_THREAD, the caller's, or ENGINE_THREAD)."""
+        if thread == self.computing:
+            return
+        if thread == ACTOR_THREAD:
+            self.engine_loop.call(openmp.release_threads)
+        else:
+            openmp.release_threads()
+        self.computing = thread
+
+
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: str) -> None:
     """Move `optimizer`'s state tensors to `device` (to CPU memory: pinned when there is a GPU, so that the way back
     is an asynchronous copy), and release what they held."""
@@ -156,6 +182,7 @@ class HybridWorker:
                                  level, offload,
                                  enabled=self.rollout.on_gpu)
         self.turns.learner_turn(training=False)
+        self.threads = ThreadTurns(self.rollout.engine)
 
     def connect(self, master_addr: str, master_port: int, rank: int, world_size: int,
                 timeout_s: float = dist.default_pg_timeout.total_seconds()) -> str:
@@ -169,8 +196,10 @@ class HybridWorker:
         if (part, method) == ("learner", "connect"):
             return self.connect(*args, **kwargs)
         if (part, method) in ENGINE_CALLS:
+            self.threads.turn(ENGINE_THREAD)
             self.turns.engine_turn(restore=lambda: self._load(self.learner.weights_version()))
         elif (part, method) in TRAINING_CALLS or (part, method) in SCORING_CALLS:
+            self.threads.turn(ACTOR_THREAD)
             self.turns.learner_turn(training=(part, method) in TRAINING_CALLS)
         if part not in self.parts:
             raise ValueError(f"this hybrid actor has no {part} (it has {', '.join(self.parts)})")
@@ -183,6 +212,7 @@ class HybridWorker:
         if version != self.learner.weights_version():
             raise RuntimeError(f"a push of version {version} to an engine whose learner holds version "
                                f"{self.learner.weights_version()}")
+        self.threads.turn(ENGINE_THREAD)  # the buckets are made on the engine's thread, as its reload asks for them
         self.turns.weights_turn()
         served = self._load(version)
         self.turns.loaded()
