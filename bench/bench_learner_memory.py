@@ -47,7 +47,7 @@ def write_model(directory: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _status_mb(field: str) -> float:
+def status_mb(field: str) -> float:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -55,7 +55,7 @@ def _status_mb(field: str) -> float:
     raise KeyError(field)
 
 
-def _reset_peak() -> None:
+def reset_peak() -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := the current resident size
 
@@ -99,15 +99,15 @@ def worker(rank: int, world: int, port: int, model_dir: Path, strategy: str, syn
     from distrl.workers import dist, sharding
 
     dist.init_process_group("127.0.0.1", port, rank, world, "cpu")
-    baseline = _status_mb("VmRSS")
-    _reset_peak()
+    baseline = status_mb("VmRSS")
+    reset_peak()
     if strategy == "fsdp":
         model = sharding.load_sharded_causal_lm(model_dir, sharding.learner_mesh("cpu"))
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
-    load_peak = _status_mb("VmHWM") - baseline
-    _reset_peak()
+    load_peak = status_mb("VmHWM") - baseline
+    reset_peak()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     ids = torch.randint(0, SIZE["vocab_size"], (micro_batches, tokens), generator=torch.Generator().manual_seed(rank))
     step(model, optimizer, ids, micro_batches, strategy, sync)
@@ -116,7 +116,7 @@ def worker(rank: int, world: int, port: int, model_dir: Path, strategy: str, syn
     step(model, optimizer, ids, micro_batches, strategy, sync)
     seconds = time.perf_counter() - start
     result = {"state_mb": state_bytes(model, optimizer) / 2**20, "load_mb": load_peak,
-              "train_mb": _status_mb("VmHWM") - baseline, "seconds": seconds}
+              "train_mb": status_mb("VmHWM") - baseline, "seconds": seconds}
     (out / f"{rank}.json").write_text(json.dumps(result))
     torch.distributed.destroy_process_group()
 

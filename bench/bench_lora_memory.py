@@ -30,32 +30,8 @@ from pathlib import Path
 
 import torch
 
-SIZE = dict(hidden_size=768, num_hidden_layers=12, intermediate_size=2048, num_attention_heads=12, vocab_size=8192)
-
-
-def write_model(directory: Path) -> int:
-    """Write the random model (and a tokenizer-free config) to `directory`; returns its parameter count."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(**SIZE, num_key_value_heads=SIZE["num_attention_heads"], max_position_embeddings=1024,
-                         tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(directory)
-    return sum(p.numel() for p in model.parameters())
-
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise KeyError(field)
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := the current resident size
+# The model and the /proc readings of bench_learner_memory.py (beside this script), so the two tables compare.
+from bench_learner_memory import SIZE, reset_peak, status_mb, write_model
 
 
 def _bytes(tensors) -> int:
@@ -69,13 +45,13 @@ def one(model_dir: str, rank: int, dtype: str, rows: int, tokens: int) -> dict:
     from distrl.workers.learner import Learner
 
     torch.set_num_threads(1)
-    base = _status_mb("VmRSS")
+    base = status_mb("VmRSS")
     lora = None if rank == 0 else {"rank": rank, "alpha": 2 * rank}
     cfg = LearnerConfig(lr=1e-4, micro_batch_size=rows, dtype=dtype, lora=lora)
     learner = Learner(ModelConfig(path=model_dir), cfg, LossConfig(), temperature=1.0, norm_len=tokens,
                       mini_batch_size=rows, total_optimizer_steps=10, seed=0)
-    built = _status_mb("VmRSS") - base
-    _reset_peak()
+    built = status_mb("VmRSS") - base
+    reset_peak()
     grads: list[int] = []
     step = learner.trainer.optimizer.step
 
@@ -103,7 +79,7 @@ def one(model_dir: str, rank: int, dtype: str, rows: int, tokens: int) -> dict:
     return {"config": "full" if rank == 0 else f"lora r={rank}", "dtype": dtype,
             "trainable M": sum(p.numel() for p in learner.trainer.params) / 1e6,
             "params MB": _bytes(params) / 2**20, "grads MB": max(grads) / 2**20, "optim MB": _bytes(optim) / 2**20,
-            "base MB": base, "built MB": built, "train MB": _status_mb("VmHWM") - base, "s/update": seconds}
+            "base MB": base, "built MB": built, "train MB": status_mb("VmHWM") - base, "s/update": seconds}
 
 
 def main() -> None:
