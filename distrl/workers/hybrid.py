@@ -35,8 +35,6 @@ from distrl.workers.learner import Learner
 from distrl.workers.reference import ReferenceWorker
 from distrl.workers.rollout import RolloutWorker
 
-Parts = dict[str, Any]
-
 ENGINE_CALLS = {("rollout", "generate"), ("rollout", "score"), ("rollout", "check_weights")}
 """Calls that run the engine: it must be awake, with its KV cache, and the optimizer's state may leave the device."""
 TRAINING_CALLS = {("learner", "update"), ("learner", "save_checkpoint"), ("learner", "load_checkpoint")}
@@ -156,7 +154,7 @@ class HybridWorker:
                  reference: tuple[tuple, dict] | None, cfg: HybridConfig, *, dtype: str, bucket_bytes: int,
                  full_pushes: bool, sync_loop: bool, grouped: bool):
         self.learner = Learner(*learner[0], **learner[1])
-        self.parts: Parts = {"learner": self.learner}
+        self.parts: dict[str, Any] = {"learner": self.learner}
         if reference is not None:
             self.parts["reference"] = ReferenceWorker(*reference[0], **reference[1])
         self.dtype, self.bucket_bytes = dtype, bucket_bytes
@@ -226,9 +224,3 @@ class HybridWorker:
     def _buckets(self, specs: list[export.Spec]) -> Iterator[dict[str, torch.Tensor]]:
         for spec in specs:  # made when the engine's reload asks for it: one bucket at a time
             yield self.learner.local_bucket(spec, self.dtype)
-
-    def close(self) -> None:
-        """End the engine's thread and leave the learners' group."""
-        if "rollout" in self.parts:
-            self.rollout.close()
-        self.learner.close()
