@@ -167,6 +167,58 @@ def test_a_change_of_thread_ends_the_other_threads_openmp_threads(monkeypatch):
     assert released == [caller, "distrl-engine", caller]  # once per change, on the thread whose turn is over
 
 
+class FakeParts(FakeEngine):
+    """A hybrid actor's learner and engine in one fake: what reaches the engine, in order."""
+
+    def update(self) -> None:
+        pass
+
+    def weights_version(self) -> int:
+        return 1
+
+    def weight_specs(self, bucket_bytes: int, dtype: str) -> list:
+        return ["bucket"]
+
+    def local_bucket(self, spec, dtype: str) -> dict:
+        return {"w": torch.ones(1)}
+
+    def load_weights(self, version: int, buckets) -> int:
+        self.calls.append(("load", version, len(list(buckets))))
+        return version
+
+    def weights_fingerprint(self, dtype: str) -> dict:
+        self.calls.append(("fingerprint",))
+        return {"w": 1.0}
+
+    def check_weights(self, load: int, expected: dict, name: str) -> int:
+        self.calls.append(("check", load))
+        return load
+
+
+class NoThreads:
+    def turn(self, thread: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_push_is_checked_with_the_engine_awake(no_cuda_sync, level):
+    """The push, learner 0's fingerprint, the engine's check: the fingerprint reads the learner's weights and must
+    not put the engine to sleep between the push and the check (level 2 would discard the weights just pushed and
+    load them a second time; level 1 would move them to CPU memory and back)."""
+    parts = FakeParts()
+    worker = object.__new__(hybrid.HybridWorker)
+    worker.learner = worker.rollout = parts
+    worker.parts = {"learner": parts, "rollout": parts}
+    worker.dtype, worker.bucket_bytes, worker._specs, worker.threads = "float32", 1, None, NoThreads()
+    worker.turns = DeviceTurns(parts, lambda: None, "cuda", sleep_level=level, offload_optimizer=False, enabled=True)
+    worker.run("learner", "update")  # the engine sleeps for the update
+    served = worker.push(1)
+    expected = worker.run("learner", "weights_fingerprint", "float32")
+    worker.run("rollout", "check_weights", served, expected, "hybrid-0")
+    assert parts.calls == [("sleep", level), ("wake_up", "weights"), ("load", 1, 1), ("fingerprint",),
+                           ("wake_up", "kv_cache"), ("check", 1)]
+
+
 # ---------------------------------------------------------------------------------------------------- views
 class FakeHybrid:
     def __init__(self):

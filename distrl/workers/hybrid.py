@@ -39,9 +39,12 @@ ENGINE_CALLS = {("rollout", "generate"), ("rollout", "score"), ("rollout", "chec
 """Calls that run the engine: it must be awake, with its KV cache, and the optimizer's state may leave the device."""
 TRAINING_CALLS = {("learner", "update"), ("learner", "save_checkpoint"), ("learner", "load_checkpoint")}
 """Calls that need the optimizer's state on the device (and the engine asleep)."""
-SCORING_CALLS = {("learner", "logprobs"), ("learner", "ref_logprobs"), ("reference", "logprobs"),
-                 ("learner", "weights_fingerprint")}
+SCORING_CALLS = {("learner", "logprobs"), ("learner", "ref_logprobs"), ("reference", "logprobs")}
 """Calls that run a forward pass of the learner or the reference: the engine sleeps."""
+READING_CALLS = {("learner", "weights_fingerprint")}
+"""Calls that read the learner's weights on the actor's thread and leave the device as it is: a push's check comes
+between the push and the engine's own read, and sleeping the engine there would discard (level 2) or move (level 1)
+the weights just pushed."""
 ACTOR_THREAD, ENGINE_THREAD = "actor", "engine"
 """The threads a hybrid actor computes on: the actor's (learner, reference) and the engine's (vLLM, pushes)."""
 
@@ -199,6 +202,8 @@ class HybridWorker:
         elif (part, method) in TRAINING_CALLS or (part, method) in SCORING_CALLS:
             self.threads.turn(ACTOR_THREAD)
             self.turns.learner_turn(training=(part, method) in TRAINING_CALLS)
+        elif (part, method) in READING_CALLS:
+            self.threads.turn(ACTOR_THREAD)
         if part not in self.parts:
             raise ValueError(f"this hybrid actor has no {part} (it has {', '.join(self.parts)})")
         return getattr(self.parts[part], method)(*args, **kwargs)
