@@ -277,6 +277,7 @@ def test_dr_grpos_divisor_defaults_to_the_most_tokens_a_sample_can_train_on():
     ["cluster.learner.num_gpus=0.5"],  # the engines on the CPU: weights go through the object store
     ["cluster.learner.num_gpus=1", "cluster.rollout.num_gpus=0.5", "cluster.backend=local"],  # no NCCL locally
     ["cluster.reference.num_gpus=0.5", "loss.kl.coef=0.1"],  # the reference is in no NCCL group
+    ["cluster.learner.num_gpus=0.5", "cluster.rollout.num_gpus=0.5", "learner.lora.rank=8"],  # adapters: object store
 ], ids=",".join)
 def test_fractional_gpus_outside_any_nccl_group_are_accepted(tmp_path, overrides):
     config.load(write(tmp_path, MINIMAL), overrides)
@@ -289,8 +290,9 @@ def test_the_fractional_gpu_check_of_the_weight_sync_keys_on_the_placement_modes
 
     cluster = config.load(write(tmp_path, MINIMAL), ["cluster.learner.num_gpus=1"]).cluster
     shared = cluster.model_copy(update={"rollout": cluster.rollout.model_copy(update={"num_gpus": 0.5})})
-    assert gpu_sharing_problems(shared, critics=False)
-    assert gpu_sharing_problems(shared.model_copy(update={"colocate": "hybrid"}), critics=False) == []
+    assert gpu_sharing_problems(shared, critics=False, lora=False)
+    assert gpu_sharing_problems(shared.model_copy(update={"colocate": "hybrid"}), critics=False, lora=False) == []
+    assert gpu_sharing_problems(shared, critics=False, lora=True) == []  # adapters: the object store, no NCCL world
 
 
 def test_a_role_given_more_gpus_than_it_uses_is_warned_about(tmp_path):
@@ -300,3 +302,7 @@ def test_a_role_given_more_gpus_than_it_uses_is_warned_about(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         config.load(write(tmp_path, MINIMAL), ["cluster.reference.num_gpus=4"])  # no KL term: no reference actor
+        # Hybrid actors host the engine and the reference: cluster.rollout and cluster.reference hold nothing.
+        config.load(write(tmp_path, MINIMAL), ["cluster.colocate=hybrid", "cluster.learner.num_gpus=1",
+                                               "cluster.rollout.num_gpus=4", "cluster.reference.num_gpus=4",
+                                               "loss.kl.coef=0.1"])

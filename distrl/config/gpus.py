@@ -6,7 +6,8 @@ bundle of a whole number of GPUs is never shared, `cluster.colocate: true` (one 
 only fractional shares are refused, and only where an NCCL group spans the actors that have them:
 
 - the weight-sync world (learner 0 and every engine), when `cluster.weight_sync` is `nccl`, or `auto` with GPUs
-  on both roles on Ray (which then picks NCCL: `distrl.cluster.weight_sync.make_weight_sync`);
+  on both roles on Ray and full weights to push (which then picks NCCL: `distrl.cluster.roles`; `learner.lora`'s
+  adapters go through the object store);
 - the learners' (and critics') own process group, NCCL on the GPU, when there are two of them or more.
 
 The weight-sync check applies to every `cluster.colocate` mode but `hybrid`, whose actors host the engine inside
@@ -25,20 +26,22 @@ HYBRID = "hybrid"
 """The `cluster.colocate` mode with the engine in the learner's actor (no NCCL weight-sync world)."""
 
 
-def nccl_weight_sync(c: ClusterConfig) -> bool:
-    """Whether weights go from learner 0 to the engines over NCCL (`cluster.weight_sync`, resolved)."""
+def nccl_weight_sync(c: ClusterConfig, lora: bool) -> bool:
+    """Whether weights go from learner 0 to the engines over NCCL (`cluster.weight_sync`, resolved; `lora`: the
+    pushes carry `learner.lora`'s adapters, which `auto` sends through the object store)."""
     gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
-    return c.weight_sync == "nccl" or (c.weight_sync == "auto" and gpus and c.backend == "ray")
+    return c.weight_sync == "nccl" or (c.weight_sync == "auto" and gpus and c.backend == "ray" and not lora)
 
 
 def _fractional(num_gpus: float) -> bool:
     return num_gpus > 0 and num_gpus != int(num_gpus)
 
 
-def gpu_sharing_problems(c: ClusterConfig, critics: bool) -> list[str]:
-    """Fractional GPU shares in an NCCL group, one message per field (`critics`: the job has a critic role)."""
+def gpu_sharing_problems(c: ClusterConfig, critics: bool, lora: bool) -> list[str]:
+    """Fractional GPU shares in an NCCL group, one message per field (`critics`: the job has a critic role;
+    `lora`: the learners train `learner.lora` adapters)."""
     problems = []
-    if c.colocate != HYBRID and nccl_weight_sync(c):
+    if c.colocate != HYBRID and nccl_weight_sync(c, lora):
         how = "nccl" if c.weight_sync == "nccl" else "auto, which picks nccl when both roles have GPUs"
         for role in ("learner", "rollout"):
             share = getattr(c, role).num_gpus

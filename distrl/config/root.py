@@ -250,14 +250,16 @@ class Config(Section):
         ):
             errors.append("cluster.weight_sync 'nccl' needs GPUs on both cluster.learner.num_gpus and "
                           "cluster.rollout.num_gpus")
-        errors += gpu_sharing_problems(self.cluster, critics=self.critic is not None)
+        errors += gpu_sharing_problems(self.cluster, critics=self.critic is not None,
+                                       lora=self.learner.lora is not None)
         if self.cluster.num_cpus is not None and self.cluster.address is None:
             problem = self.unplaceable(self.cluster.num_cpus, "cluster.num_cpus", "num_cpus")
             if problem:
                 errors.append(problem)
         if errors:
             raise ValueError("\n".join(errors))
-        used = ("rollout", "learner", *(["reference"] if self.needs_reference else []),
+        apart = not self.cluster.hybrid_mode  # hybrid actors host the engine and the reference on the learners' GPUs
+        used = ("learner", *(["rollout"] if apart else []), *(["reference"] if self.needs_reference and apart else []),
                 *(["critic"] if self.critic is not None else []))
         for line in idle_gpu_warnings(self.cluster, used):
             warnings.warn(line, UserWarning, stacklevel=2)
