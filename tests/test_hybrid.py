@@ -44,6 +44,16 @@ def test_the_asynchronous_hybrid_loop_is_one_step_off_at_most():
         quickstart("cluster.colocate=hybrid", "loop.mode=async", "loop.max_staleness=2")
 
 
+def test_a_hybrid_engine_serves_one_chunk_at_a_time():
+    """A hybrid actor runs one call at a time: a second chunk would wait for the first, not share the engine."""
+    env = ["env.class=tests.agent_envs:Chatter", "env.max_turns=2"]
+    assert quickstart(*env).chunks_per_engine == 4
+    assert quickstart("cluster.colocate=hybrid", *env).chunks_per_engine == 1
+    with pytest.raises(config.ConfigError, match=r"rollout.chunks_per_engine 2 with cluster.colocate 'hybrid': a "
+                                                 r"hybrid actor runs one call at a time"):
+        quickstart("cluster.colocate=hybrid", "rollout.chunks_per_engine=2")
+
+
 def test_hybrid_runs_one_engine_per_learner_whatever_the_rollout_section_says():
     cfg = quickstart("cluster.colocate=hybrid", "cluster.learner.num_actors=2", "learner.micro_batch_size=16")
     assert cfg.cluster.hybrid_mode and cfg.cluster.rollout.num_actors == 1  # not used: the learners host the engines

@@ -58,7 +58,8 @@ class RolloutConfig(Section):
     """Generation requests (chunks) one engine serves at once. Above 1 the episodes of several chunks share the
     engine, so episodes waiting on their environment leave it to the others, and a weight push lands between two
     engine steps instead of after the chunk in flight: turns in flight go on with the new weights, each token
-    stamped with the version that sampled it. Null: 1 without an `env` section, 4 with one."""
+    stamped with the version that sampled it. Null: 1 without an `env` section or in hybrid mode (`cluster.colocate:
+    hybrid`, where it must be 1: a hybrid actor runs one call at a time), 4 with one."""
     dynamic_sampling: DynamicSamplingConfig | None = None
     """DAPO's dynamic sampling: drop groups whose rewards are all equal (no learning signal) and keep generating
     until the batch is full of groups that have one. Null keeps every group."""

@@ -122,8 +122,9 @@ class Config(Section):
 
     @property
     def chunks_per_engine(self) -> int:
-        """Chunks one engine serves at once (`rollout.chunks_per_engine`, or its default for the job)."""
-        return self.rollout.chunks_per_engine or (1 if self.env is None else 4)
+        """Chunks one engine serves at once (`rollout.chunks_per_engine`, or its default for the job: a hybrid
+        actor runs one call at a time, so its engine serves one chunk, all of whose episodes share it at once)."""
+        return self.rollout.chunks_per_engine or (1 if self.env is None or self.cluster.hybrid_mode else 4)
 
     @property
     def max_staleness(self) -> int:
@@ -336,6 +337,11 @@ class Config(Section):
         if c.weight_sync != "auto":
             errors.append(f"cluster.weight_sync '{c.weight_sync}' with cluster.colocate 'hybrid': each hybrid actor "
                           f"passes the weights to its own engine in memory; leave cluster.weight_sync 'auto'")
+        if (self.rollout.chunks_per_engine or 1) > 1:
+            errors.append(f"rollout.chunks_per_engine {self.rollout.chunks_per_engine} with cluster.colocate "
+                          f"'hybrid': a hybrid actor runs one call at a time, so a second chunk would wait for the "
+                          f"first; its engine serves one chunk, whose episodes all share it at once (leave "
+                          f"rollout.chunks_per_engine null, or raise rollout.chunk_prompts)")
         return errors
 
     def unplaceable(self, have: float, what: str, resource: str) -> str | None:
