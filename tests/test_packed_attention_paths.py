@@ -1,7 +1,8 @@
 """Which path packed attention takes (`attention_path`: varlen on CUDA in bf16/fp16 where torch has the API, the
-per-sequence loop elsewhere), the varlen layout found from the position restarts (`Pack.cu_seqlens`), and the
-varlen path's reshaping and GQA checked on the CPU against the loop through a stand-in for `varlen_attn` that
-computes what torch documents it to compute. tests/gpu/test_packed_attention.py runs the real kernel on CUDA."""
+loop over sequence lengths elsewhere), the varlen layout found from the position restarts (`Pack.cu_seqlens`), the
+loop's stacks of equal-length sequences, and both paths' reshaping and GQA checked on the CPU against each other,
+the varlen one through a stand-in for `varlen_attn` that computes what torch documents it to compute: sdpa on each
+sequence alone. tests/gpu/test_packed_attention.py runs the real kernel on CUDA."""
 
 from __future__ import annotations
 
@@ -21,6 +22,32 @@ def test_the_pack_gives_flash_attentions_cumulative_starts_over_the_flattened_ro
     assert pack.longest == 3
     two_rows = Pack.of(torch.tensor([[0, 1, 0, 1], [0, 1, 2, 3]]))  # row 1 starts at token 4 of the flattened rows
     assert two_rows.cu_seqlens.tolist() == [0, 2, 4, 8] and two_rows.longest == 4
+
+
+def test_the_loop_stacks_the_sequences_of_one_length():
+    # Sequences [0, 3), [3, 5), [5, 8): lengths 3, 2, 3. Length 2: tokens 3, 4; length 3: tokens 0-2, then 5-7.
+    # Concatenated: 3 4 0 1 2 5 6 7, so token 0 is at place 2, token 3 at place 0 (restore inverts the order).
+    stacks = Pack.of(torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]])).stacks(rows=1)
+    assert stacks.lengths == [2, 3]
+    assert [i.tolist() for i in stacks.index] == [[3, 4], [0, 1, 2, 5, 6, 7]]
+    assert stacks.restore.tolist() == [2, 3, 4, 0, 1, 5, 6, 7]
+    shared = Pack.of(torch.tensor([[0, 1, 0]])).stacks(rows=2)  # one row of positions for two rows of queries
+    assert [i.tolist() for i in shared.index] == [[2, 5], [0, 1, 3, 4]]
+
+
+def test_the_loop_makes_one_sdpa_call_per_sequence_length(monkeypatch):
+    calls = []
+    sdpa = packed_attention.sdpa_attention_forward
+
+    def counting_sdpa(module, query, *args, **kwargs):
+        calls.append(tuple(query.shape))
+        return sdpa(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(packed_attention, "sdpa_attention_forward", counting_sdpa)
+    q = k = v = torch.randn(1, 2, 11, 8)
+    module = torch.nn.Module()
+    looped_packed(module, q, k, v, Pack.of(torch.tensor([[0, 1, 2, 3, 0, 1, 0, 1, 2, 0, 1]])), scaling=0.3)
+    assert calls == [(2, 2, 2, 8), (1, 2, 3, 8), (1, 2, 4, 8)]  # [k sequences, heads, length, head size]
 
 
 @pytest.mark.parametrize(("device", "dtype", "head_dim", "dropout", "path"), [

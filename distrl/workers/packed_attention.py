@@ -13,8 +13,12 @@ Two paths compute the same attention (`attention_path` picks one per call):
             backward), given the cumulative sequence starts `cu_seqlens` found from the restarts: on CUDA in
             bfloat16 or float16, where torch has the API (2.13's signature, with `window_size` and `enable_gqa`),
             without attention dropout and with a head size FlashAttention takes;
-    loop    one sdpa call per sequence per layer (is_causal): everywhere else (the CPU, float32, an older torch),
-            and the reference that the varlen path is tested against on a GPU (tests/gpu/test_packed_attention.py).
+    loop    one sdpa call per sequence length per layer (is_causal; the sequences of one length stacked in one
+            batch): everywhere else (the CPU, float32, an older torch), and the reference that the varlen path is
+            tested against on a GPU (tests/gpu/test_packed_attention.py). RL batches hold a few lengths many
+            times over (a group's prompt, responses cut at max_new_tokens), so this is a few calls, not one per
+            sequence: on the quickstart's tiny model a call per sequence made the update 1.25x slower than padded
+            batches (bench/bench_learner_step.py).
 
 Calls with a padding mask (`attention_mask` given) are plain sdpa, so a model loaded with this implementation still
 runs padded batches exactly as before (`padded_response_logprobs`, the packing tests' reference).
@@ -25,7 +29,8 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -80,6 +85,7 @@ class Pack:
     bounds: list[list[tuple[int, int]]]
     cu_seqlens: torch.Tensor
     longest: int
+    _stacks: dict[int, Stacks] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, position_ids: torch.Tensor) -> Pack:
@@ -89,6 +95,40 @@ class Pack:
         starts = [b * n + s for b, row in enumerate(bounds) for s, _ in row] + [len(bounds) * n]
         longest = max(e - s for row in bounds for s, e in row)
         return cls(bounds, torch.tensor(starts, dtype=torch.int32, device=position_ids.device), longest)
+
+    def stacks(self, rows: int) -> Stacks:
+        """The sequences of `rows` rows of queries (each with its own row of `bounds`, or all with the one row)
+        grouped by length; made once per pack, on the device of `cu_seqlens`."""
+        if rows not in self._stacks:
+            self._stacks[rows] = Stacks.of([self.bounds[r if len(self.bounds) > 1 else 0] for r in range(rows)],
+                                           self.cu_seqlens.device)
+        return self._stacks[rows]
+
+
+@dataclass(frozen=True)
+class Stacks:
+    """The sequences of a packed batch of R rows of N tokens, flattened row after row (token r * N + t), grouped by
+    length: `lengths[g]` and `index[g] [k_g * L_g]`, the tokens of group g's k_g sequences of length L_g, sequence
+    after sequence; `restore [R * N]`, where each token is in the concatenation of the groups' tokens (the inverse
+    of concatenating the indexes)."""
+
+    lengths: list[int]
+    index: list[torch.Tensor]
+    restore: torch.Tensor
+
+    @classmethod
+    def of(cls, bounds: list[list[tuple[int, int]]], device: torch.device) -> Stacks:
+        n = bounds[0][-1][1]  # every row's sequences end at its last token
+        starts: dict[int, list[int]] = defaultdict(list)
+        for r, row in enumerate(bounds):
+            for s, e in row:
+                starts[e - s].append(r * n + s)
+        lengths = sorted(starts)
+        index = [(torch.tensor(starts[length])[:, None] + torch.arange(length)).view(-1) for length in lengths]
+        order = torch.cat(index)
+        restore = torch.empty_like(order)
+        restore[order] = torch.arange(order.numel())
+        return cls(lengths, [i.to(device) for i in index], restore.to(device))
 
 
 _last: list[tuple[weakref.ref, Pack]] = []
@@ -153,16 +193,22 @@ def varlen_packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p
 
 def looped_packed(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pack: Pack,
                   **kwargs) -> torch.Tensor:
-    """Causal attention within each sequence of `pack`, one sdpa call per sequence (shapes as `varlen_packed`)."""
-    rows = []
-    for b in range(query.shape[0]):
-        bounds = pack.bounds[b if len(pack.bounds) > 1 else 0]
-        rows.append(torch.cat([
-            sdpa_attention_forward(module, query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e], None,
-                                   is_causal=True, **kwargs)[0]
-            for s, e in bounds
-        ], dim=1))
-    return torch.cat(rows, dim=0)
+    """Causal attention within each sequence of `pack`, one sdpa call per sequence length, the sequences of that
+    length stacked as its batch (shapes as `varlen_packed`)."""
+    b, h, n, d = query.shape
+    stacks = pack.stacks(b)
+
+    def tokens(x: torch.Tensor) -> torch.Tensor:  # [B, heads, N, D] -> [B * N, heads, D]
+        return x.transpose(1, 2).reshape(b * n, x.shape[1], d)
+
+    def stacked(x: torch.Tensor, index: torch.Tensor, length: int) -> torch.Tensor:  # -> [k, heads, L, D]
+        return x[index].view(-1, length, x.shape[1], d).transpose(1, 2)
+
+    q, k, v = tokens(query), tokens(key), tokens(value)
+    out = [sdpa_attention_forward(module, stacked(q, index, length), stacked(k, index, length),
+                                  stacked(v, index, length), None, is_causal=True, **kwargs)[0].reshape(-1, h, d)
+           for length, index in zip(stacks.lengths, stacks.index, strict=True)]  # each [k * L, H, D]
+    return torch.cat(out)[stacks.restore].view(b, n, h, d)
 
 
 def packed_mask(attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
