@@ -171,6 +171,10 @@ class StepClock(TrainerCallback):
                   flush=True)
 
 
+PHASES = ("generate", "reference", "update", "sync")
+"""The phases both sides report, as distrl's `time/*` names them (TRL's generator is the model it trains: no sync)."""
+
+
 def run_distrl(mode: str, model_dir: Path, out: Path, steps: int) -> dict:
     """One `distrl train` of the quickstart in its own process (`mode`: hybrid or apart): start-up, steady step,
     rewards per step."""
@@ -191,8 +195,10 @@ def run_distrl(mode: str, model_dir: Path, out: Path, steps: int) -> dict:
     if proc.wait() != 0:
         raise RuntimeError(f"distrl ({mode}) failed with exit code {proc.returncode}: {' '.join(command)}")
     rows = [json.loads(line) for line in (out / mode / "metrics.jsonl").read_text().splitlines()]
+    # `generate` includes scoring (reward tasks overlap it chunk by chunk), as TRL's generate + score below.
+    phases = {phase: statistics.fmean(r.get(f"time/{phase}", 0.0) for r in rows[1:]) for phase in PHASES}
     return {"startup": startup, "split": split, "step": statistics.fmean(r["time/step"] for r in rows[1:]),
-            "rewards": [r["reward/mean"] for r in rows]}
+            "rewards": [r["reward/mean"] for r in rows], "phases": phases}
 
 
 def curve(rewards: list[float]) -> str:
@@ -238,6 +244,10 @@ def main() -> None:
             ups = ", ".join(f"{x['startup']:.1f}" for x in runs)
             print(f"{name:<14}{statistics.fmean(x['step'] for x in runs):>8.3f}"
                   f"{statistics.fmean(x['step'] for x in runs) / trl_step:>7.2f}x{'':>4}{ups}   ({steps})")
+        print(f"\n{'phases, s':<14}" + "".join(f"{phase:>11}" for phase in PHASES) + "   (means over the rounds)")
+        for name, runs in results.items():
+            print(f"{name:<14}" + "".join(f"{statistics.fmean(x['phases'][phase] for x in runs):>11.3f}"
+                                          for phase in PHASES))
 
 
 def train_trl(args: argparse.Namespace, model_dir: Path, out: Path, first: bool) -> dict:
@@ -352,7 +362,9 @@ def train_trl(args: argparse.Namespace, model_dir: Path, out: Path, first: bool)
         print(f"mean reward, first {k} step(s): {statistics.fmean(rewards[:k]):.3f}  ->  last {k} step(s): "
               f"{statistics.fmean(rewards[-k:]):.3f}")
     startup = first_begin - t_proc - args.model_build_s if first else float("nan")
-    return {"startup": startup, "step": step, "rewards": rewards}
+    phases = {"generate": gen + score, "reference": rollout - gen - score, "update": step - rollout,
+              "sync": 0.0} if steady else {}
+    return {"startup": startup, "step": step, "rewards": rewards, "phases": phases}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Hybrid mode for real (`cluster.colocate: hybrid`: Ray actors that each hold a learner, a vLLM CPU engine and the
 reference): with two actors it gives the rows of the same run with every role apart; FSDP learners and the
-asynchronous loop (one step off at most, with dynamic sampling) run in it; a hybrid actor killed mid-run is a
-learner death, recovered from the newest checkpoint; LoRA adapters train and resume in it as apart."""
+asynchronous loop (one step off at most, with dynamic sampling) run in it; it evaluates held-out sets and resumes
+exactly; a hybrid actor killed mid-run is a learner death, recovered from the newest checkpoint; LoRA adapters train
+and resume in it as apart."""
 
 import json
 
@@ -9,7 +10,7 @@ import pytest
 
 from distrl.driver import train
 
-from .conftest import quickstart, start_quickstart
+from .conftest import outcome, quickstart, start_quickstart
 from .test_recovery import finish, kill_actor, wait_for_checkpoint
 
 TWO = ("cluster.learner.num_actors=2", "cluster.learner.num_cpus=0.5", "learner.micro_batch_size=16",
@@ -34,10 +35,11 @@ def test_hybrid_fsdp_learners_train(ray_session, tmp_path):
 
 @pytest.mark.parametrize("learners", [1, 2])
 def test_the_asynchronous_hybrid_loop_is_one_step_off(ray_session, tmp_path, learners):
-    # One actor also filters its groups (dynamic sampling), which sends it more chunks than batches.
-    extra = TWO if learners == 2 else ("rollout.prompts_per_step=4", "run.steps=4", "learner.micro_batch_size=8",
-                                       "reward.function=tests.binary_rewards:has_digit",
-                                       "rollout.dynamic_sampling.max_rounds=20")
+    # One actor also filters its groups (dynamic sampling), which sends it more chunks than batches; two are FSDP
+    # learners (two replicas run in the synchronous test above).
+    one = ("rollout.prompts_per_step=4", "run.steps=4", "learner.micro_batch_size=8",
+           "reward.function=tests.binary_rewards:has_digit", "rollout.dynamic_sampling.max_rounds=20")
+    extra = (*TWO, "learner.strategy.type=fsdp") if learners == 2 else one
     history = train(quickstart(tmp_path, *extra, "cluster.colocate=hybrid", "loop.mode=async", "loop.max_staleness=1"))
     rows = [json.loads(line) for line in (tmp_path / "quickstart" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -46,6 +48,21 @@ def test_the_asynchronous_hybrid_loop_is_one_step_off(ray_session, tmp_path, lea
     if learners == 1:
         assert sum(h["dynamic_sampling/filtered_groups"] for h in history) > 0
         assert all(h["reward/std"] > 0 for h in history)
+
+
+def test_a_hybrid_run_evaluates_and_resumes_exactly(ray_session, tmp_path):
+    """The held-out evaluation runs on the hybrid actor's engine with the step's weights, and a run cut after an
+    unsaved step, resumed from its checkpoint (learner, optimizer, data position; the engine loaded by its first
+    push), gives the rows of one never interrupted, evaluation figures included."""
+    common = ("rollout.prompts_per_step=4", "learner.micro_batch_size=16", "run.checkpoint_every=2",
+              "cluster.colocate=hybrid", "eval.every=2")
+    train(quickstart(tmp_path / "whole", *common, "run.steps=4"))
+    train(quickstart(tmp_path / "cut", *common, "run.steps=3", "run.checkpoint_at_end=false"))
+    train(quickstart(tmp_path / "cut", *common, "run.steps=4", "run.resume=true", "run.overwrite=false"))
+    whole, resumed = (outcome(tmp_path / name / "quickstart" / "metrics.jsonl") for name in ("whole", "cut"))
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    assert [r["step"] for r in whole if "eval/toy-heldout/accuracy" in r] == [2, 4]
+    assert resumed == whole
 
 
 def test_a_hybrid_actor_killed_mid_run_is_a_learner_death_recovered_from_a_checkpoint(tmp_path):

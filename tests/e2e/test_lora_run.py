@@ -1,7 +1,7 @@
 """LoRA runs for real (Ray actors, vLLM CPU engines serving the adapters, transformers + peft learners), from
 configs/grpo-lora.yaml: the synchronous and asynchronous loops train with every push verified against the engine's
-LoRA slot and no reference actor, checkpoints hold the adapters in PEFT's format, and a resumed run gives exactly
-the rows of one never interrupted."""
+LoRA slot and no reference actor, checkpoints hold the adapters in PEFT's format, a resumed synchronous run gives
+exactly the rows of one never interrupted, and a resumed asynchronous one continues from its checkpoint's adapters."""
 
 from __future__ import annotations
 
@@ -45,14 +45,22 @@ def test_sync_lora_run_and_its_exact_resume(ray_session, tmp_path):
     assert rows == outcome(tmp_path / "whole" / "grpo-lora" / "metrics.jsonl")
 
 
-def test_async_lora_run_within_the_bound(ray_session, tmp_path):
-    history = train(lora_config(tmp_path, "loop.mode=async", "loop.max_staleness=1", "run.steps=4"))
-    assert [h["step"] for h in history] == [1, 2, 3, 4]
-    assert max(h["staleness/max"] for h in history) <= 1
-    # The samples of version v are scored with the adapters of v (mismatch ~0), older ones carry the real lag.
-    assert all(abs(h["correction/mismatch_kl/staleness_0"]) < 1e-4 for h in history
-               if "correction/mismatch_kl/staleness_0" in h)
-    assert all(h["learner/tokens"] > 0 and h["kl/ref"] >= 0 for h in history)
+def test_async_lora_run_within_the_bound_and_resumed(ray_session, tmp_path):
+    common = ("loop.mode=async", "loop.max_staleness=1", "run.checkpoint_every=2")
+    train(lora_config(tmp_path, *common, "run.steps=3", "run.checkpoint_at_end=false"))  # step 3 trained, not saved
+    resumed = train(lora_config(tmp_path, *common, "run.steps=4", "run.resume=true", "run.overwrite=false"))
+    rows = outcome(tmp_path / "grpo-lora" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert resumed[0]["learner/optimizer_steps"] == 3  # step 2's adapters and optimizer state came back
+    assert max(r["staleness/max"] for r in rows) <= 1
+    # The samples of version v are scored with the adapters of v (mismatch ~0), older ones carry the real lag; after
+    # the resume too, so the new engine serves the resumed adapters, not fresh ones.
+    assert all(abs(r["correction/mismatch_kl/staleness_0"]) < 1e-4 for r in rows
+               if "correction/mismatch_kl/staleness_0" in r)
+    assert any("correction/mismatch_kl/staleness_0" in r for r in resumed)
+    assert all(r["learner/tokens"] > 0 and r["kl/ref"] >= 0 for r in rows)
+    pushed = [r["sync/bytes"] for r in rows if r.get("sync/bytes") is not None]  # None: no push finished in it
+    assert pushed and set(pushed) == {188416}  # the adapters, never the model
 
 
 def test_two_lora_learners_train_as_one(ray_session, tmp_path):
