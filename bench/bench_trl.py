@@ -328,12 +328,14 @@ def train_trl(args: argparse.Namespace, model_dir: Path, out: Path, first: bool)
     print(f"model: hidden {args.hidden}, layers {args.layers}; batch {cfg.per_device_train_batch_size} sequences "
           f"({cfg.per_device_train_batch_size // cfg.num_generations} prompts x {cfg.num_generations}); "
           f"steps 2..{n}")
-    print(f"{'start-up':<18}{'seconds':>10}")
-    for name, seconds in (("interpreter", T_IMPORT - t_proc), ("imports", t_imported - T_IMPORT),
-                          ("tiny model build", t_model - t_imported), ("trainer init", t_trainer - t_model),
-                          ("train() set-up", first_begin - t_trainer)):
-        print(f"{'  ' + name:<18}{seconds:>10.3f}")
-    print(f"{'to step 1 begins':<18}{first_begin - t_proc:>10.3f}   (process start -> first training step begins)")
+    if first:  # later rounds start with everything imported: no process start-up to report
+        print(f"{'start-up':<18}{'seconds':>10}")
+        for name, seconds in (("interpreter", T_IMPORT - t_proc), ("imports", t_imported - T_IMPORT),
+                              ("tiny model build", t_model - t_imported), ("trainer init", t_trainer - t_model),
+                              ("train() set-up", first_begin - t_trainer)):
+            print(f"{'  ' + name:<18}{seconds:>10.3f}")
+        print(f"{'to step 1 begins':<18}{first_begin - t_proc:>10.3f}   (process start -> first training step "
+              f"begins)")
     print(f"{'step 1':<18}{durations[0]:>10.3f}   (first generate; trainer init + train() set-up + step 1 = "
           f"{first_begin - t_model + durations[0]:.3f} s)")
     if steady:
