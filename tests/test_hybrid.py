@@ -268,3 +268,25 @@ def test_a_hybrid_run_equals_the_same_run_with_every_role_apart(tmp_path, tiny_m
     keys = ["reward/mean", "loss/policy", "loss/kl", "kl/ref", "learner/tokens", "learner/grad_norm"]
     assert [[h[k] for k in keys] for h in hybrid] == [[h[k] for k in keys] for h in apart]
     assert len({h["reward/mean"] for h in apart}) > 1  # the weights changed between the steps
+
+
+def test_a_hybrid_push_that_loads_other_weights_fails_its_check(tmp_path, tiny_model_dir, monkeypatch):
+    """The in-memory push is checked like any other: an engine that loads weights other than its learner's (here
+    one tensor scaled on the way, from the second push on) ends the run with the check's error."""
+    from distrl.driver import train
+    from distrl.workers.fingerprint import WeightMismatch
+
+    buckets = hybrid.HybridWorker._buckets
+
+    def corrupted(self, specs):
+        for i, bucket in enumerate(buckets(self, specs)):
+            name = next(iter(bucket))
+            scale = 1.5 if i == 0 and self.learner.weights_version() > 0 else 1.0
+            yield {**bucket, name: bucket[name] * scale}
+
+    monkeypatch.setattr(hybrid.HybridWorker, "_buckets", corrupted)
+    cfg = quickstart(f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path}", "run.progress=false",
+                     "run.tensorboard=false", "cluster.backend=local", "run.steps=2", "run.checkpoint_at_end=false",
+                     "cluster.colocate=hybrid")
+    with pytest.raises(WeightMismatch, match=r"serves weights other than learner 0's after loading version 1"):
+        train(cfg)
