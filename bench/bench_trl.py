@@ -2,7 +2,7 @@
 process, no vLLM, no Ray), the single-process alternative a user would pick instead of distrl.
 
     PYTHONPATH=. /work/trl-venv/bin/python bench/bench_trl.py [--steps 30] [--hidden 128 --layers 2] [--threads N]
-        [--distrl hybrid,apart] [--rounds R]
+        [--distrl hybrid,apart,hybrid-async] [--rounds R]
 
 (from the repository root, with the TRL venv below; with trl installed into the project's venv instead:
 `.venv/bin/python bench/bench_trl.py ...`).
@@ -37,9 +37,10 @@ What it prints (one process, timed with trainer callbacks):
   * the learning curve: mean reward per 5 steps, as bench/bench_async.py prints distrl's.
 
 The distrl side (`--distrl MODES`, comma-separated: `hybrid` for `cluster.colocate: hybrid`, `apart` for one actor
-per role; `--rounds R` repeats TRL and each mode R times, interleaved, so that a noisy machine shifts them alike):
-`distrl train` on `configs/quickstart.yaml` with the same model (built here, shared), steps and batch, in a process
-of its own, the held-out evaluation off. It prints the same figures: start-up (process start to the moment the
+per role, `hybrid-async` for hybrid actors in the asynchronous loop, one step off; `--rounds R` repeats TRL and
+each mode R times, interleaved, so that a noisy machine shifts them alike): `distrl train` on
+`configs/quickstart.yaml` with the same model (built here, shared), steps and batch, in a process of its own, the
+held-out evaluation off. It prints the same figures: start-up (process start to the moment the
 driver prints that its actors serve, i.e. step 1 begins; the embedded Ray cluster included), the steady-state step
 (mean of `time/step` over steps 2..N), and the reward curve per 5 steps. `bench/bench_step.py` breaks a distrl step
 into its phases.
@@ -171,16 +172,20 @@ class StepClock(TrainerCallback):
                   flush=True)
 
 
+DISTRL_MODES = {"hybrid": ["cluster.colocate=hybrid"], "apart": [],
+                "hybrid-async": ["cluster.colocate=hybrid", "loop.mode=async", "loop.max_staleness=1"]}
+"""The quickstart's overrides of each distrl mode: hybrid actors or one actor per role, synchronous; hybrid actors
+one step off (`hybrid-async`)."""
 PHASES = ("generate", "reference", "update", "sync")
 """The phases both sides report, as distrl's `time/*` names them (TRL's generator is the model it trains: no sync)."""
 
 
 def run_distrl(mode: str, model_dir: Path, out: Path, steps: int) -> dict:
-    """One `distrl train` of the quickstart in its own process (`mode`: hybrid or apart): start-up, steady step,
+    """One `distrl train` of the quickstart in its own process (`mode`, of `DISTRL_MODES`): start-up, steady step,
     rewards per step."""
     overrides = [f"model.path={model_dir}", f"run.steps={steps}", "eval=null", "run.progress=false",
                  "run.checkpoint_at_end=false", f"run.output_dir={out}", f"run.name={mode}", "run.overwrite=true",
-                 *(["cluster.colocate=hybrid"] if mode == "hybrid" else [])]
+                 *DISTRL_MODES[mode]]
     command = [sys.executable, "-c", "import sys; from distrl.cli import main; sys.exit(main())", "train",
                "--config", str(ROOT / "configs" / "quickstart.yaml"), *[a for o in overrides for a in ("--set", o)]]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -215,13 +220,14 @@ def main() -> None:
                          "gets it")
     ap.add_argument("--keep-vllm-visible", action="store_true",
                     help="let trl see the installed vllm (it then imports it at start-up, unused)")
-    ap.add_argument("--distrl", default="", help="distrl modes to run after TRL, comma-separated: hybrid, apart")
+    ap.add_argument("--distrl", default="",
+                    help=f"distrl modes to run after TRL, comma-separated: {', '.join(DISTRL_MODES)}")
     ap.add_argument("--rounds", type=int, default=1, help="repeat TRL and each distrl mode, interleaved")
     args = ap.parse_args()
     modes = [m for m in args.distrl.split(",") if m]
-    unknown = set(modes) - {"hybrid", "apart"}
+    unknown = set(modes) - set(DISTRL_MODES)
     if unknown:
-        ap.error(f"--distrl: unknown modes {sorted(unknown)}; use hybrid, apart")
+        ap.error(f"--distrl: unknown modes {sorted(unknown)}; use {', '.join(DISTRL_MODES)}")
     out = Path(tempfile.mkdtemp(prefix="bench-trl-"))
     built = time.time()
     model_dir = make_tiny_model(out / "model", hidden_size=args.hidden, num_layers=args.layers)
