@@ -87,10 +87,9 @@ class ClusterConfig(Section):
     hybrid: HybridConfig = Field(default_factory=HybridConfig)
     """How a hybrid actor's engine and learner share its GPU (`colocate: hybrid` only)."""
     weight_sync: Literal["auto", "object_store", "nccl"] = "auto"
-    """Learner -> rollout weight transport: `auto` is nccl when learners and rollout actors have GPUs (and the
-    pushes carry full weights: `learner.lora`'s adapters always go through it), else the Ray object store; in hybrid
-    mode (`colocate: hybrid`) the weights pass in the actor's own memory, and only `auto`
-    is accepted."""
+    """Learner -> rollout weight transport: `auto` is nccl when learners and rollout actors have GPUs and the pushes
+    carry full weights, else the Ray object store (which always carries `learner.lora`'s adapters); in hybrid mode
+    (`colocate: hybrid`) the weights pass in the actor's own memory, and only `auto` is accepted."""
     sync_bucket_bytes: int = Field(default=64 * 2**20, gt=0)
     """Weights travel in buckets of about this many bytes."""
     sync_timeout_s: float = Field(default=1800.0, gt=0.0)

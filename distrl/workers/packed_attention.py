@@ -17,7 +17,7 @@ Two paths compute the same attention (`attention_path` picks one per call):
             batch): everywhere else (the CPU, float32, an older torch), and the reference that the varlen path is
             tested against on a GPU (tests/gpu/test_packed_attention.py). RL batches hold a few lengths many
             times over (a group's prompt, responses cut at max_new_tokens), so this is a few calls, not one per
-            sequence: on the quickstart's tiny model a call per sequence made the update 1.25x slower than padded
+            sequence: on the quickstart's tiny model a call per sequence made the update 1.2x slower than padded
             batches (bench/bench_learner_step.py).
 
 Calls with a padding mask (`attention_mask` given) are plain sdpa, so a model loaded with this implementation still
@@ -180,13 +180,8 @@ def varlen_packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p
     `value [B, H_kv, N, D]` (H a multiple of H_kv) to `[B, N, H, D]`."""
     assert varlen_attn is not None
     b, h, n, d = query.shape
-    h_kv = key.shape[1]
-
-    def tokens(x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, heads, N, D] -> [B * N, heads, D]
-        return x.transpose(1, 2).reshape(b * n, heads, d)
-
-    out = varlen_attn(tokens(query, h), tokens(key, h_kv), tokens(value, h_kv), pack.cu_seqlens, pack.cu_seqlens,
-                      pack.longest, pack.longest, scale=scale, window_size=(-1, 0), enable_gqa=h != h_kv)
+    out = varlen_attn(as_tokens(query), as_tokens(key), as_tokens(value), pack.cu_seqlens, pack.cu_seqlens,
+                      pack.longest, pack.longest, scale=scale, window_size=(-1, 0), enable_gqa=h != key.shape[1])
     assert isinstance(out, torch.Tensor)  # no auxiliary output was asked for
     return out.view(b, n, h, d)
 
@@ -198,17 +193,20 @@ def looped_packed(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     b, h, n, d = query.shape
     stacks = pack.stacks(b)
 
-    def tokens(x: torch.Tensor) -> torch.Tensor:  # [B, heads, N, D] -> [B * N, heads, D]
-        return x.transpose(1, 2).reshape(b * n, x.shape[1], d)
-
     def stacked(x: torch.Tensor, index: torch.Tensor, length: int) -> torch.Tensor:  # -> [k, heads, L, D]
         return x[index].view(-1, length, x.shape[1], d).transpose(1, 2)
 
-    q, k, v = tokens(query), tokens(key), tokens(value)
+    q, k, v = as_tokens(query), as_tokens(key), as_tokens(value)
     out = [sdpa_attention_forward(module, stacked(q, index, length), stacked(k, index, length),
                                   stacked(v, index, length), None, is_causal=True, **kwargs)[0].reshape(-1, h, d)
            for length, index in zip(stacks.lengths, stacks.index, strict=True)]  # each [k * L, H, D]
     return torch.cat(out)[stacks.restore].view(b, n, h, d)
+
+
+def as_tokens(x: torch.Tensor) -> torch.Tensor:
+    """`x [B, heads, N, D]` as `[B * N, heads, D]`: the tokens of its rows, row after row."""
+    b, heads, n, d = x.shape
+    return x.transpose(1, 2).reshape(b * n, heads, d)
 
 
 def packed_mask(attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
