@@ -1,8 +1,8 @@
 """Hybrid mode for real (`cluster.colocate: hybrid`: Ray actors that each hold a learner, a vLLM CPU engine and the
 reference): with two actors it gives the rows of the same run with every role apart; FSDP learners and the
 asynchronous loop (one step off at most, with dynamic sampling) run in it; it evaluates held-out sets and resumes
-exactly; a hybrid actor killed mid-run is a learner death, recovered from the newest checkpoint; LoRA adapters train
-and resume in it as apart."""
+exactly; a hybrid actor killed mid-run is a learner death, recovered from the newest checkpoint. LoRA in hybrid actors
+(trained and resumed as apart) is tested in test_lora_run.py."""
 
 import json
 
@@ -74,20 +74,3 @@ def test_a_hybrid_actor_killed_mid_run_is_a_learner_death_recovered_from_a_check
     assert "hybrid-0 died in step" in out and "restarting every role from" in out, out[-3000:]
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 7))
-
-
-def test_a_hybrid_lora_run_gives_the_rows_of_lora_apart_and_resumes_exactly(ray_session, tmp_path):
-    """LoRA in hybrid actors: each push is the adapters alone, registered in the actor's own engine and checked in
-    its slot; the reference is the learner's base model (no reference part); a resumed run continues exactly."""
-    from .test_lora_run import lora_config
-
-    apart = train(lora_config(tmp_path / "apart", "run.steps=3"))
-    whole = train(lora_config(tmp_path / "whole", "run.steps=3", "cluster.colocate=hybrid", "run.checkpoint_every=2"))
-    keys = ["reward/mean", "loss/policy", "kl/ref", "learner/tokens", "sync/bytes"]
-    assert [[h[k] for k in keys] for h in whole] == [[h[k] for k in keys] for h in apart]
-    assert all(h["sync/bytes"] == 188416 for h in whole)  # the adapters, never the model
-    cut = tmp_path / "cut"
-    train(lora_config(cut, "run.steps=2", "cluster.colocate=hybrid", "run.checkpoint_every=2"))
-    resumed = train(lora_config(cut, "run.steps=3", "cluster.colocate=hybrid", "run.checkpoint_every=2",
-                                "run.resume=true", "run.overwrite=false"))
-    assert [[h[k] for k in keys] for h in resumed] == [[h[k] for k in keys] for h in whole[2:]]

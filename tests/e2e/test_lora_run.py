@@ -1,7 +1,8 @@
 """LoRA runs for real (Ray actors, vLLM CPU engines serving the adapters, transformers + peft learners), from
 configs/grpo-lora.yaml: the synchronous and asynchronous loops train with every push verified against the engine's
-LoRA slot and no reference actor, checkpoints hold the adapters in PEFT's format, a resumed synchronous run gives
-exactly the rows of one never interrupted, and a resumed asynchronous one continues from its checkpoint's adapters."""
+LoRA slot and no reference actor, checkpoints hold the adapters in PEFT's format, a synchronous run in hybrid
+actors, resumed, gives exactly the rows of one with every role apart never interrupted, and a resumed asynchronous
+one continues from its checkpoint's adapters."""
 
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ def lora_config(tmp_path: Path, *overrides: str) -> config.Config:
         "eval=null", *SMALL, *overrides])
 
 
-def test_sync_lora_run_and_its_exact_resume(ray_session, tmp_path):
+def test_sync_lora_run_and_its_exact_resume_in_hybrid_actors(ray_session, tmp_path):
+    """A run with every role apart, then the same run in hybrid actors, cut after an unsaved step and resumed, gives
+    exactly its rows: in hybrid actors each push is the adapters alone, loaded into the actor's own engine and
+    checked in its slot, and the resume brings back the adapters, the optimizer state and the data position.
+    (The two halves need no run of their own: hybrid or apart, the samples, the learner and the reference are the
+    same, and a run's start costs more than its steps.)"""
     whole = lora_config(tmp_path / "whole", "run.steps=4", "run.checkpoint_every=2")
     assert whole.learner.lora is not None and whole.cluster.verify_weights and not whole.needs_reference
     history = train(whole)
@@ -35,11 +41,12 @@ def test_sync_lora_run_and_its_exact_resume(ray_session, tmp_path):
     assert json.loads((policy / "adapter" / "adapter_config.json").read_text())["r"] == 8
     assert not (policy / "model").exists()
 
-    cut = lora_config(tmp_path / "cut", "run.steps=3", "run.checkpoint_every=2", "run.checkpoint_at_end=false")
+    hybrid = ("cluster.colocate=hybrid", "run.checkpoint_every=2")
+    cut = lora_config(tmp_path / "cut", *hybrid, "run.steps=3", "run.checkpoint_at_end=false")
     train(cut)  # step 3 trained, not saved: the resume redoes it from step 2's adapters and optimizer state
-    resumed = lora_config(tmp_path / "cut", "run.steps=4", "run.checkpoint_every=2", "run.resume=true",
-                          "run.overwrite=false")
-    train(resumed)
+    resumed = lora_config(tmp_path / "cut", *hybrid, "run.steps=4", "run.resume=true", "run.overwrite=false")
+    assert resumed.cluster.hybrid_mode
+    assert all(h["sync/bytes"] == 188416 for h in train(resumed))
     rows = outcome(tmp_path / "cut" / "grpo-lora" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert rows == outcome(tmp_path / "whole" / "grpo-lora" / "metrics.jsonl")
