@@ -306,3 +306,49 @@ def test_a_role_given_more_gpus_than_it_uses_is_warned_about(tmp_path):
         config.load(write(tmp_path, MINIMAL), ["cluster.colocate=hybrid", "cluster.learner.num_gpus=1",
                                                "cluster.rollout.num_gpus=4", "cluster.reference.num_gpus=4",
                                                "loss.kl.coef=0.1"])
+
+
+# -------------------------------------------------------------------------- where roles run (issue 28)
+def test_roles_take_labels_resources_and_a_gpu_model_in_rays_terms():
+    cfg = config.load(ROOT / "configs" / "quickstart.yaml", [
+        'cluster.rollout.labels={"pool": "inference", "zone": "in(a, b)"}', "cluster.learner.labels={pool: '!spot'}",
+        'cluster.learner.resources={"learner_slot": 1}'])
+    assert cfg.cluster.rollout.labels == {"pool": "inference", "zone": "in(a, b)"}
+    assert cfg.cluster.learner.resources == {"learner_slot": 1.0} and cfg.cluster.learner.placed_by_node
+
+
+@pytest.mark.parametrize("setting,message", [
+    ('cluster.rollout.labels={"pool": "a b"}', "cluster.rollout.labels: label 'pool': 'a b' is not a Ray label "
+                                               "selector value"),
+    ('cluster.rollout.labels={"-pool": "a"}', "cluster.rollout.labels: label '-pool' is not a valid Ray label key"),
+    ('cluster.learner.resources={"GPU": 1}', "cluster.learner.resources: 'GPU' is one of Ray's own resources"),
+    ('cluster.learner.resources={"slot": 0}', "cluster.learner.resources: 'slot': 0 must be > 0"),
+    ("cluster.rollout.accelerator_type=H100", "cluster.rollout: accelerator_type 'H100' names a GPU model, but "
+                                              "num_gpus is 0"),
+    ("cluster.rollout.max_actors=0", "cluster.rollout.max_actors"),
+])
+def test_placement_settings_that_ray_would_refuse_are_refused_by_field(setting, message):
+    with pytest.raises(config.ConfigError) as err:
+        config.load(ROOT / "configs" / "quickstart.yaml", [setting])
+    assert message in str(err.value)
+
+
+def test_engine_bounds_are_for_the_asynchronous_loop_with_engines_placed_alone():
+    with pytest.raises(config.ConfigError) as err:
+        config.load(ROOT / "configs" / "quickstart.yaml", ["cluster.rollout.max_actors=3", "cluster.colocate=pack"])
+    assert "cluster.rollout.min_actors / max_actors (1..3, num_actors 1) need the asynchronous loop" in str(err.value)
+    assert "with cluster.colocate 'pack': pack reserves every role's actors in one placement group" in str(err.value)
+    with pytest.raises(config.ConfigError, match=r"min_actors \(2\) > num_actors \(1\)"):
+        config.load(ROOT / "configs" / "quickstart.yaml", ["cluster.rollout.min_actors=2"])
+    cfg = config.load(ROOT / "configs" / "quickstart.yaml", ["loop.mode=async", "cluster.rollout.num_actors=2",
+                                                             "cluster.rollout.min_actors=1",
+                                                             "cluster.rollout.max_actors=4"])
+    assert cfg.cluster.rollout.elastic and (cfg.cluster.rollout.fewest, cfg.cluster.rollout.most) == (1, 4)
+    assert not config.load(ROOT / "configs" / "quickstart.yaml", ["loop.mode=async"]).cluster.rollout.elastic
+
+
+def test_hybrid_actors_are_placed_by_the_learners_settings():
+    with pytest.raises(config.ConfigError) as err:
+        config.load(ROOT / "configs" / "quickstart.yaml", ["cluster.colocate=hybrid",
+                                                           "cluster.rollout.labels={pool: inference}"])
+    assert "cluster.rollout.labels with cluster.colocate 'hybrid'" in str(err.value)

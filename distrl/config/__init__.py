@@ -11,7 +11,7 @@ must stay light.
 """
 
 from distrl.config.algorithm import AlgorithmConfig
-from distrl.config.cluster import ClusterConfig, HybridConfig, RecoveryConfig, RoleResources
+from distrl.config.cluster import ClusterConfig, HybridConfig, RecoveryConfig, RoleResources, RolloutResources
 from distrl.config.correction import CorrectionConfig, RatioCorrection, SeqMaskTISCorrection
 from distrl.config.env import EnvConfig
 from distrl.config.eval import EvalConfig, EvalSamplingConfig, EvalSetConfig
@@ -76,6 +76,7 @@ __all__ = [
     "RewardConfig",
     "RoleResources",
     "RolloutConfig",
+    "RolloutResources",
     "RunConfig",
     "SamplingConfig",
     "SeqMaskTISCorrection",

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from distrl.config.base import Section
+
+# Ray's syntax for node labels and label selectors (ray._private.label_utils, Kubernetes label rules), repeated here
+# because validating a config imports no Ray: a key is an optional DNS-subdomain prefix and a name; a selector value
+# is `v`, `!v`, `in(a, b)` or `!in(a, b)`.
+_NAME = r"[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?"
+LABEL_KEY = re.compile(rf"^(({_NAME})(\.({_NAME}))*/)?{_NAME}$")
+LABEL_SELECTOR_VALUE = re.compile(rf"^!?(in\({_NAME}(, ?{_NAME})*\)|{_NAME})$")
+RAY_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 
 
 class RoleResources(Section):
@@ -21,6 +30,92 @@ class RoleResources(Section):
     """Compute threads per actor (OMP_NUM_THREADS, which torch and vLLM's CPU kernels follow). Null: num_cpus
     rounded up, except in the synchronous loop on the embedded cluster, where the roles take turns and each may use
     every core (shared among the actors that run at the same time; see `distrl.cluster.roles.role_threads`)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Which nodes this role's actors may run on, as a Ray label selector: each key a node label, each value what it
+    must be (`v`, `!v`, `in(a, b)` or `!in(a, b)`). Nodes are labelled when they start (`ray start --labels
+    '{"pool": "rollout"}'`, or a KubeRay group's `rayStartParams`); Ray's own labels work too
+    (`ray.io/accelerator-type`, `ray.io/node-id`). Empty: any node. Every actor of the role and its replacements
+    are placed by it."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each actor reserves beside its CPUs and GPUs, e.g. `{"inference_node": 1}` on nodes
+    started with `ray start --resources '{"inference_node": 8}'`: another way to keep a role on the nodes made for
+    it (and to cap how many actors one node takes)."""
+    accelerator_type: str | None = None
+    """The GPU model each actor needs (Ray's accelerator type, as `ray.util.accelerators` names them: `H100`,
+    `A100`, `L4`, ...): the actors are placed only on nodes whose GPUs are of that type. Needs num_gpus > 0."""
+
+    @field_validator("labels")
+    @classmethod
+    def _ray_label_selector(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            if not LABEL_KEY.match(key) or len(key.rsplit("/", 1)[-1]) > 63:
+                raise ValueError(f"label {key!r} is not a valid Ray label key (an optional DNS prefix and '/', then "
+                                 f"at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter "
+                                 f"or digit)")
+            if not LABEL_SELECTOR_VALUE.match(value):
+                raise ValueError(f"label {key!r}: {value!r} is not a Ray label selector value: write 'v', '!v', "
+                                 f"'in(a, b)' or '!in(a, b)', each value at most 63 letters, digits, '-', '_' or '.'")
+        return labels
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_resources(cls, resources: dict[str, float]) -> dict[str, float]:
+        for name, amount in resources.items():
+            if name in RAY_RESOURCES:
+                raise ValueError(f"{name!r} is one of Ray's own resources: set it with num_cpus / num_gpus, not "
+                                 f"under resources")
+            if amount <= 0:
+                raise ValueError(f"{name!r}: {amount:g} must be > 0")
+        return resources
+
+    @model_validator(mode="after")
+    def _accelerator_needs_gpus(self) -> RoleResources:
+        if self.accelerator_type is not None and self.num_gpus == 0:
+            raise ValueError(f"accelerator_type {self.accelerator_type!r} names a GPU model, but num_gpus is 0")
+        return self
+
+    @property
+    def placed_by_node(self) -> bool:
+        """Whether the role says which nodes it may run on (labels, custom resources or a GPU model)."""
+        return bool(self.labels or self.resources or self.accelerator_type)
+
+
+class RolloutResources(RoleResources):
+    """The rollout (vLLM) actors' resources, and the bounds of their number while an asynchronous run goes on: engines
+    are producers, scaled apart from the learners."""
+
+    min_actors: int | None = Field(default=None, gt=0)
+    """Fewest engines the run keeps. While more than this many serve, an engine that dies (its node lost, its process
+    killed) is let go instead of replaced, and the prompts it held go to the others; at this many, a dead engine is
+    replaced (`cluster.recovery`). Null: num_actors, so every dead engine is replaced."""
+    max_actors: int | None = Field(default=None, gt=0)
+    """Most engines the run may have. While fewer serve, one more waits for room (a placement group of one engine's
+    resources, with the role's labels): when a node with room joins the cluster (or an autoscaler adds one for that
+    waiting demand), the engine starts there, loads the current weights and takes chunks. Asynchronous loop only.
+    Null: num_actors, a fixed number of engines."""
+
+    @model_validator(mode="after")
+    def _bounds_hold_num_actors(self) -> RolloutResources:
+        if self.min_actors is not None and self.min_actors > self.num_actors:
+            raise ValueError(f"min_actors ({self.min_actors}) > num_actors ({self.num_actors}): the run starts "
+                             f"with num_actors engines")
+        if self.max_actors is not None and self.max_actors < self.num_actors:
+            raise ValueError(f"max_actors ({self.max_actors}) < num_actors ({self.num_actors}): the run starts "
+                             f"with num_actors engines")
+        return self
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the number of engines may change while the run goes on."""
+        return (self.min_actors or self.num_actors) < self.num_actors or (self.max_actors or 0) > self.num_actors
+
+    @property
+    def fewest(self) -> int:
+        return self.min_actors or self.num_actors
+
+    @property
+    def most(self) -> int:
+        return self.max_actors or self.num_actors
 
 
 class RecoveryConfig(Section):
@@ -66,8 +161,8 @@ class ClusterConfig(Section):
     """Interface of the embedded cluster's dashboard. Keep it on loopback unless the network is trusted."""
     num_cpus: int | None = Field(default=None, gt=0)
     """CPUs the embedded cluster advertises; null means all of this machine's."""
-    rollout: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1.0))
-    """Rollout (vLLM) actors."""
+    rollout: RolloutResources = Field(default_factory=lambda: RolloutResources(num_cpus=1.0))
+    """Rollout (vLLM) actors, and the bounds of their number in an asynchronous run (`min_actors`, `max_actors`)."""
     learner: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1.0))
     """Learner actors (data-parallel)."""
     reference: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0.5))
@@ -98,6 +193,10 @@ class ClusterConfig(Section):
     collective waiting for a dead peer. In the asynchronous loop a push waits behind the chunk each engine runs.
     With NCCL it also bounds the engines' start-up before the weight-sync world forms and that world's rendezvous,
     and the learners' and critics' collectives time out this plus 300 s after they start (NCCL's watchdog)."""
+    placement_timeout_s: float = Field(default=600.0, gt=0.0)
+    """How long the run's start waits for the cluster to place every role's actors (its placement groups) before it
+    ends with an error naming the roles that wait, what their actors need and the cluster's nodes. An autoscaler
+    adding nodes for them takes minutes. (Roles started again after a death wait `recovery.start_timeout_s`.)"""
     call_timeout_s: float = Field(default=3600.0, gt=0.0)
     """An actor call or task that has not returned this many seconds after it was sent (a generation chunk, a reward
     task, an update or log-prob pass, a checkpoint) ends the run with an error naming the actor and the call, instead

@@ -18,6 +18,7 @@ from distrl.config.learner import CriticConfig, LearnerConfig, ReferenceConfig
 from distrl.config.loop import AsyncLoop, Loop, SyncLoop
 from distrl.config.loss import LossConfig
 from distrl.config.model import DataConfig, ModelConfig
+from distrl.config.nodes import elastic_problems, unused_placement_problems
 from distrl.config.reward import RewardConfig
 from distrl.config.rollout import RolloutConfig
 from distrl.config.run import RunConfig
@@ -253,6 +254,8 @@ class Config(Section):
                           "cluster.rollout.num_gpus")
         errors += gpu_sharing_problems(self.cluster, critics=self.critic is not None,
                                        lora=self.learner.lora is not None)
+        errors += elastic_problems(self.cluster, self.max_staleness)
+        errors += unused_placement_problems(self.cluster)
         if self.cluster.num_cpus is not None and self.cluster.address is None:
             problem = self.unplaceable(self.cluster.num_cpus, "cluster.num_cpus", "num_cpus")
             if problem:
