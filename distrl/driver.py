@@ -19,7 +19,7 @@ from pathlib import Path
 from distrl import checkpoint, preflight
 from distrl.cluster.backend import Backend, connect
 from distrl.cluster.producer import Producer
-from distrl.cluster.roles import started_roles
+from distrl.cluster.roles import check_capacity, started_roles
 from distrl.config import Config
 from distrl.data import PromptStream, load_prompts
 from distrl.evaluator import Evaluator
@@ -65,6 +65,7 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
         with startup("cluster"):
             backend = connect(cfg.cluster)
             cleanup.callback(backend.close)
+            check_capacity(cfg, backend)  # labels, resources, CPUs and GPUs of the nodes, before any actor starts
         stop.take_back()  # ray.init installed its own SIGTERM handler
         stop.check("the cluster's start")
         print(backend.description, flush=True)
@@ -103,7 +104,7 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
     cfg, first = job.cfg, job.last_step + 1
     with ExitStack() as started:
         with startup("actors"):  # from their placement until every engine serves the first weights
-            roles = started.enter_context(started_roles(cfg, backend, rollout_worker))
+            roles = started.enter_context(started_roles(cfg, backend, rollout_worker, restart=job.recoveries > 0))
             if cfg.run.checkpoint_every or cfg.run.checkpoint_at_end:
                 check_shared_run_dir(job.run, roles)
             restore(found, job, roles)
@@ -119,7 +120,9 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
                                 load_weights=roles.sync.push_one if roles.sync.replaceable else None,
                                 unreplaceable=roles.sync.unreplaceable,
                                 recovery=cfg.cluster.recovery, call_timeout_s=cfg.cluster.call_timeout_s,
-                                version=job.last_step, chunks_per_engine=cfg.chunks_per_engine)
+                                version=job.last_step, chunks_per_engine=cfg.chunks_per_engine,
+                                engines=None if cfg.cluster.hybrid_mode
+                                else (cfg.cluster.rollout.fewest, cfg.cluster.rollout.most))
         job.producer.lost_in_push(first_push.lost)
         try:
             steps = stop.steps(job.run.progress(range(first, cfg.run.steps + 1)))

@@ -132,6 +132,7 @@ class RayBackend(Backend):
 
         address = cfg.address or os.environ.get("RAY_ADDRESS")
         self.owned = not ray.is_initialized()
+        self.embedded = False  # an embedded cluster of this run's own: this machine alone
         self._remote_fns: dict[Callable, Any] = {}
         self._reaper: subprocess.Popen | None = None
         self._embedded = ExitStack()
@@ -148,6 +149,7 @@ class RayBackend(Backend):
                 ctx = ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=True,
                                dashboard_host=cfg.dashboard_host, _node_ip_address="127.0.0.1")
                 self._embedded = embedded.pop_all()
+            self.embedded = True
             # Ends Ray's agents if this process dies without shutting the cluster down (SIGKILL, OOM killer).
             self._reaper = reaper.start(os.getpid(), [str(token.parent)] if token else [])
             self.description = (f"ray: embedded cluster on 127.0.0.1, dashboard at "

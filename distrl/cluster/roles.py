@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distrl.agents.agent import host_of
+from distrl.cluster import capacity
 from distrl.cluster.backend import Backend, RayBackend
 from distrl.cluster.envs import EPISODES_PER_ACTOR, env_client, node_address
 from distrl.cluster.group import ActorGroup, start_group
@@ -97,21 +98,50 @@ def critic_optimizer_steps(cfg: Config) -> int:
     return cfg.run.steps * epochs * cfg.critic_mini_batches
 
 
-@contextmanager
-def started_roles(cfg: Config, backend: Backend, rollout_worker: type = RolloutWorker) -> Iterator[Roles]:
-    """Place and start every role on `backend`, connect the learners' process group, set up the weight sync; on
-    exit (or if any of that fails halfway) kill every actor started and release the placement groups.
-    `rollout_worker` is the engine class (tests of the loop pass one that samples with HF)."""
+def demands(cfg: Config) -> dict[str, RoleResources]:
+    """The resources of each role this job starts actors for."""
     c = cfg.cluster
     # Hybrid actors are learners that host the engine and the reference: they take the learners' resources.
-    demands = {"learner": c.learner} if c.hybrid_mode else {"rollout": c.rollout, "learner": c.learner}
+    roles: dict[str, RoleResources] = ({"learner": c.learner} if c.hybrid_mode
+                                       else {"rollout": c.rollout, "learner": c.learner})
     if cfg.needs_reference and not c.hybrid_mode:
-        demands["reference"] = c.reference
+        roles["reference"] = c.reference
     if cfg.critic is not None:
-        demands["critic"] = c.critic
+        roles["critic"] = c.critic
     if cfg.env is not None:
-        demands["env"] = c.env
-    placements = place(backend, demands, colocate=c.colocate == "pack", run_name=cfg.run.name)
+        roles["env"] = c.env
+    return roles
+
+
+def check_capacity(cfg: Config, backend: Backend) -> None:
+    """Before any actor starts: on Ray, whether the cluster's alive nodes can hold every role (its labels,
+    resources, CPUs and GPUs: `distrl.cluster.capacity`); raises PreflightError naming each role and what is
+    missing."""
+    if not isinstance(backend, RayBackend):
+        return
+    from distrl.preflight import PreflightError
+
+    problems = capacity.problems(capacity.alive_nodes(), demands(cfg), reward_cpus=cfg.reward.num_cpus)
+    if problems and backend.embedded:
+        problems.append("cluster.address: the embedded cluster is this machine alone, without node labels or "
+                        "custom resources: join a cluster whose nodes have them (cluster.address, or a Ray job)")
+    if problems:
+        raise PreflightError(problems)
+
+
+@contextmanager
+def started_roles(cfg: Config, backend: Backend, rollout_worker: type = RolloutWorker,
+                  restart: bool = False) -> Iterator[Roles]:
+    """Place and start every role on `backend`, connect the learners' process group, set up the weight sync; on
+    exit (or if any of that fails halfway) kill every actor started and release the placement groups.
+    `rollout_worker` is the engine class (tests of the loop pass one that samples with HF). `restart`: the roles
+    start again after a death, and their placement may wait `cluster.recovery.start_timeout_s` for nodes (a lost
+    node's replacement, or room an autoscaler adds) rather than `cluster.placement_timeout_s`."""
+    c = cfg.cluster
+    timeout_s, setting = ((c.recovery.start_timeout_s, "cluster.recovery.start_timeout_s") if restart
+                          else (c.placement_timeout_s, "cluster.placement_timeout_s"))
+    placements = place(backend, demands(cfg), colocate=c.colocate == "pack", run_name=cfg.run.name,
+                       timeout_s=timeout_s, setting=setting)
     groups: list[ActorGroup] = []
     try:
         yield _start(cfg, backend, placements, groups, rollout_worker)
