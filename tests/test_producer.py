@@ -42,7 +42,7 @@ def test_a_death_reported_twice_replaces_the_actor_once():
     producer.lost(1, 0, ActorLost("killed"))
     producer.lost(1, 0, ActorLost("killed"))
     assert replaced == [1] and group.incarnations == [0, 1] and group.name(1) == "rollout-1 (replacement 1)"
-    assert producer.idle == [0] and producer.stats.rollout_restarts == 1
+    assert producer.idle == [0] and producer.engines.counts.restarts == 1
     with pytest.raises(RuntimeError, match=r"rollout actor rollout-1 \(replacement 1\) died; it died 2 times"):
         producer.lost(1, 1, ActorLost("killed again"))
 
@@ -169,7 +169,7 @@ def test_an_engine_with_slots_takes_that_many_chunks_and_a_death_frees_them_all(
     assert producer._idle_since == {}  # both engines have a chunk: neither counts as idle
     producer.lost(1, 0, ActorLost("killed"))
     assert 1 not in producer.idle and replaced == [1]  # none of its slots is handed out until it serves
-    producer._on_replaced(next(iter(producer.replacing)))
+    producer._on_engines(next(iter(producer.engines.loading)))
     assert producer.idle.count(1) == 3
 
 

@@ -379,7 +379,7 @@ def test_a_replacement_joins_a_new_nccl_world_and_every_engine_gets_the_current_
         ("rollout-1#1", "connect", ("127.0.0.1", 29501, 2, 3, 1234.0)),
         ("learner-0", "send", ()), ("rollout-0", "receive", (3,)), ("rollout-1#1", "receive", (3,))]
     assert sync.backend.get(handle) == 3 and [e.served for e in engines.workers] == [3, 3]
-    assert sync.members == [0, 1] and sync.port == 29501
+    assert sync.members == {0: 0, 1: 1} and sync.port == 29501
 
     # The next push goes to every engine, the one being replaced too (it is in the world); asked again for engine 1
     # (a push overtook its load), the sync broadcasts again without forming a new world.
@@ -425,7 +425,7 @@ def test_a_dead_engine_is_replaced_in_the_run_and_serves_the_current_weights():
     assert stats.rollout_restarts == 1 and stats.redispatched_prompts == 2
     assert sorted(batch.rollouts.group) == [0, 1, 2, 3] and set(batch.rollouts.policy_version) == {3}
     assert engines.name(1) == "rollout-1 (replacement 1)" and engines.workers[1].served == 3
-    assert sync.members == [0, 1] and len(journal.of("connect")) == 6  # two worlds of three ranks
+    assert sync.members == {0: 0, 1: 1} and len(journal.of("connect")) == 6  # two worlds of three ranks
 
 
 def test_a_second_dead_engine_when_the_world_forms_again_ends_the_run_saying_so():
@@ -463,4 +463,47 @@ def test_a_replacement_that_dies_starting_fails_its_load_and_is_replaced_again()
     handle = sync.push_one(1)
     with pytest.raises(ActorLost, match="rollout-1#1 died starting"):
         sync.backend.get(handle)
-    assert len(journal.of("connect")) == connects and sync.members == [0, 0]
+    assert len(journal.of("connect")) == connects and sync.members == {0: 0, 1: 0}
+
+
+# ------------------------------------------------------- engines let go and added while the run goes on (issue 28)
+def test_an_engine_let_go_leaves_the_nccl_world_before_the_next_broadcast():
+    """Of three engines, engine 1 is let go (its node lost, above cluster.rollout.min_actors): the next push forms
+    the world again with learner 0 and engines 0 and 2 only, in ranks 1 and 2, and broadcasts to them."""
+    journal = Journal()
+    sync, engines = nccl_world(journal, engines=3)
+    engines.retire(1)
+    before = len(journal.entries)
+    assert sync.finish(sync.start(2)).lost == {}
+    assert journal.entries[before:] == [
+        ("learner-0", "connect", ("127.0.0.1", 29501, 0, 3, 1234.0)),
+        ("rollout-0", "connect", ("127.0.0.1", 29501, 1, 3, 1234.0)),
+        ("rollout-2", "connect", ("127.0.0.1", 29501, 2, 3, 1234.0)),
+        ("learner-0", "send", ()), ("rollout-0", "receive", (2,)), ("rollout-2", "receive", (2,))]
+    assert sync.members == {0: 0, 2: 0}
+
+
+def test_an_engine_added_joins_the_nccl_world_and_every_engine_gets_the_current_weights():
+    """An engine added while the run goes on (index 2) loads its first weights through `push_one`, as a
+    replacement does: the world forms again with it in rank 3, and learner 0 broadcasts its current version."""
+    journal = Journal()
+    sync, engines = nccl_world(journal)
+    sync.push(1)
+    sync.learners.workers[0].updates = 2
+    assert engines.add() == 2 and engines.active() == [0, 1, 2]
+    handle = sync.push_one(2)
+    assert sync.backend.get(handle) == 2 and [e.served for e in engines.workers] == [2, 2, 2]
+    assert sync.members == {0: 0, 1: 0, 2: 0}
+    assert journal.of("connect")[-4:] == [("learner-0", ("127.0.0.1", 29501, 0, 4, 1234.0)),
+                                          ("rollout-0", ("127.0.0.1", 29501, 1, 4, 1234.0)),
+                                          ("rollout-1", ("127.0.0.1", 29501, 2, 4, 1234.0)),
+                                          ("rollout-2", ("127.0.0.1", 29501, 3, 4, 1234.0))]
+
+
+def test_an_object_store_push_skips_engines_let_go():
+    backend = LocalBackend()
+    learners = LocalGroup("learner", backend, lambda i, incarnation: FakeLearner(), 1)
+    engines = LocalGroup("rollout", backend, lambda i, incarnation: FakeEngine(hangs=False), 3)
+    sync = ObjectStoreSync(learners, engines, "float32", 2**20, timeout_s=5, verify=False)
+    engines.retire(0)
+    assert set(sync.start(3).handles) == {1, 2}

@@ -40,15 +40,37 @@ def method_name(method: Callable) -> str:
 class ActorGroup(ABC, Generic[W]):
     """A role's workers. Calls return handles (Ray ObjectRefs or `Done`); the driver decides when to wait."""
 
-    def __init__(self, role: str, backend: Backend, make: Make, size: int):
+    def __init__(self, role: str, backend: Backend, make: Make, size: int, placement: Placement | None = None):
         self.role = role
         self.backend = backend
+        self.placement = placement
         self._make = make
         self.incarnations = [0] * size
         self.workers: list[Any] = [make(i, 0) for i in range(size)]
+        self.retired: set[int] = set()
 
     def __len__(self) -> int:
+        """Workers ever started (retired ones too): indices run from 0 to len - 1."""
         return len(self.workers)
+
+    def active(self) -> list[int]:
+        """The indices of the workers not let go (`retire`)."""
+        return [i for i in range(len(self.workers)) if i not in self.retired]
+
+    def add(self) -> int:
+        """Start one more worker, built as the others were, on the next bundle of the placement (`Placement.add`
+        reserved it); returns its index. Returns at once; calls to it wait until it is ready."""
+        self.incarnations.append(0)
+        self.workers.append(self._make(len(self.workers), 0))
+        return len(self.workers) - 1
+
+    def retire(self, index: int) -> None:
+        """Let worker `index` go for good (its process ended if anything is left of it, and its resources given back
+        when they were its alone): it is no longer among `active()`, and calls no longer go to it."""
+        self._end(self.workers[index])
+        self.retired.add(index)
+        if self.placement is not None:
+            self.placement.release(index)
 
     def name(self, index: int) -> str:
         """How logs and errors name worker `index`: its role, index and, once replaced, incarnation."""
@@ -92,14 +114,16 @@ class ActorGroup(ABC, Generic[W]):
         """IP address of the node worker `index` runs on."""
 
     def map(self, method: Callable, *args: Any, **kwargs: Any) -> list[Any]:
-        """The same call on every worker."""
-        return [self.call(i, method, *args, **kwargs) for i in range(len(self))]
+        """The same call on every active worker."""
+        return [self.call(i, method, *args, **kwargs) for i in self.active()]
 
     def map_shards(self, method: Callable, shards: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """Worker i gets `shards[i]` as first argument; there must be one shard per worker."""
-        if len(shards) != len(self):
-            raise ValueError(f"{self.role}: {len(shards)} shards for {len(self)} workers")
-        return [self.call(i, method, shard, *args, **kwargs) for i, shard in enumerate(shards)]
+        """Active worker i (in order) gets `shards[i]` as first argument; there must be one shard per active
+        worker."""
+        active = self.active()
+        if len(shards) != len(active):
+            raise ValueError(f"{self.role}: {len(shards)} shards for {len(active)} workers")
+        return [self.call(i, method, shard, *args, **kwargs) for i, shard in zip(active, shards, strict=True)]
 
 
 class RayGroup(ActorGroup[W]):
@@ -116,8 +140,8 @@ class RayGroup(ActorGroup[W]):
     def kill(self) -> None:
         # Without waiting: a learner blocked in a collective whose peer died would otherwise hold teardown until
         # the collective times out.
-        for actor in self.workers:
-            self._end(actor)
+        for i in self.active():
+            self._end(self.workers[i])
 
     def _end(self, worker: Any) -> None:
         import ray
@@ -128,12 +152,12 @@ class RayGroup(ActorGroup[W]):
         import ray
         from ray.exceptions import RayActorError
 
-        pings = [worker.__ray_ready__.remote() for worker in self.workers]
+        pings = {i: self.workers[i].__ray_ready__.remote() for i in self.active()}
         # A dead actor's ping fails at once; a busy one's waits behind its call (one at a time), so one bounded
         # wait for all of them, and those still pending count as alive.
-        done, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout)
+        done, _ = ray.wait(list(pings.values()), num_returns=len(pings), timeout=timeout)
         gone = []
-        for i, ping in enumerate(pings):
+        for i, ping in pings.items():
             if ping in done:
                 try:
                     ray.get(ping)
@@ -178,4 +202,4 @@ def start_group(backend: Backend, worker: type, role: str, resources: RoleResour
                           scheduling=placement.scheduling if placement is not None else None,
                           concurrency=concurrency, self_restarts=self_restarts)
     kind: type[ActorGroup] = RayGroup if isinstance(backend, RayBackend) else LocalGroup
-    return kind(role, backend, make, resources.num_actors)
+    return kind(role, backend, make, resources.num_actors, placement)

@@ -24,7 +24,7 @@ class RoleView(ActorGroup):
 
     def __init__(self, hybrids: ActorGroup[HybridWorker], part: str):
         self.hybrids, self.part = hybrids, part
-        self.role, self.backend = hybrids.role, hybrids.backend
+        self.role, self.backend, self.placement = hybrids.role, hybrids.backend, None
 
     @property  # the actors' own list, which a restart updates
     def incarnations(self) -> list[int]:  # type: ignore[override]
@@ -33,6 +33,10 @@ class RoleView(ActorGroup):
     @property
     def workers(self) -> list[Any]:  # type: ignore[override]
         return self.hybrids.workers
+
+    @property
+    def retired(self) -> set[int]:  # type: ignore[override]
+        return self.hybrids.retired
 
     def __len__(self) -> int:
         return len(self.hybrids)

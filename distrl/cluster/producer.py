@@ -16,11 +16,10 @@ An actor takes its next chunk as soon as it returns one of the `chunks_per_engin
 actor simply takes fewer chunks.
 
 An actor that dies (its process killed, its node lost; noticed when its chunk or a weight push to it fails) is
-replaced on its placement bundle, and `load_weights(i)` loads the learners' current weights into the new one
-before it takes a chunk (again, if a push it was left out of made them newer meanwhile); the prompts of the chunk
-it held go first to the next chunks dispatched, keeping their tickets, so no prompt is lost or trained twice. At
-most `recovery.max_restarts` replacements of one actor within `recovery.window_s`; one more death ends the run
-with the actor's last error.
+replaced, or let go, and engines may be added while the run goes on: `distrl.cluster.engines` keeps them, and an
+engine takes chunks once it serves the current weights. The prompts of the chunk a dead actor held go first to the
+next chunks dispatched, keeping their tickets, so no prompt is lost or trained twice. The chunk size is set when
+the producer starts; engines that join later take chunks of that size.
 
 Nothing is waited for without a bound: a generation chunk, a reward task or a call handed to `wait_for` that has
 not returned `call_timeout_s` after it was sent, or a replacement that does not serve within
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distrl.cluster import rewards
+from distrl.cluster.engines import Engines
 from distrl.cluster.group import ActorGroup
 from distrl.config import DynamicSamplingConfig, RecoveryConfig, RewardConfig
 from distrl.data import PromptStream
@@ -70,12 +70,18 @@ class BatchStats:
     buffer_depth: int = 0
     rollout_idle: float = 0.0
     rollout_restarts: int = 0  # rollout actors replaced
+    rollout_retired: int = 0  # rollout actors let go after a death (above cluster.rollout.min_actors)
+    rollout_added: int = 0  # rollout actors started while the run went on (below cluster.rollout.max_actors)
+    engines: int | None = None  # rollout actors serving or starting when the batch was handed out (when their
+    # number may change: cluster.rollout.min_actors / max_actors)
     redispatched_prompts: int = 0  # prompts whose chunk was lost with its actor and sent again
 
     def metrics(self) -> dict[str, float]:
         seen = self.kept_groups + self.filtered_groups
+        elastic = ({"rollout/engines": float(self.engines), "rollout/engines_added": float(self.rollout_added),
+                    "faults/rollout_retired": float(self.rollout_retired)} if self.engines is not None else {})
         return {"reward/errors": float(self.reward_errors), "samples/dropped_stale": float(self.dropped_stale),
-                "faults/rollout_restarts": float(self.rollout_restarts),
+                "faults/rollout_restarts": float(self.rollout_restarts), **elastic,
                 "faults/redispatched_prompts": float(self.redispatched_prompts),
                 "dynamic_sampling/filtered_groups": float(self.filtered_groups),
                 "dynamic_sampling/kept_frac": self.kept_groups / seen if seen else 1.0,
@@ -101,16 +107,17 @@ class Producer:
     scored groups usable at `step` under the staleness bound `max_staleness`. `load_weights(i)` loads the
     learners' current weights into actor i (and possibly, as over NCCL, into the others too) and returns a handle
     resolving to the version actor i then serves (None: engines cannot be replaced, as in hybrid actors,
-    `unreplaceable` says why; a dead one ends the run, or its learner's recovery does)."""
+    `unreplaceable` says why; a dead one ends the run, or its learner's recovery does). `engines`: the bounds of
+    the number of actors, (fewest, most); None: as many as `actors` has, always."""
 
     def __init__(self, actors: ActorGroup[RolloutWorker], stream: PromptStream, reward: RewardConfig, *,
                  prompts_per_step: int, max_staleness: int, chunk_prompts: int | None,
                  dynamic_sampling: DynamicSamplingConfig | None, load_weights: Callable[[int], Any] | None,
                  recovery: RecoveryConfig, call_timeout_s: float, version: int = 0, chunks_per_engine: int = 1,
-                 unreplaceable: str = "engines cannot be replaced in this job"):
+                 unreplaceable: str = "engines cannot be replaced in this job",
+                 engines: tuple[int, int] | None = None):
         self.actors, self.backend, self.stream, self.reward = actors, actors.backend, stream, reward
-        self.load_weights, self.recovery, self.call_timeout_s = load_weights, recovery, call_timeout_s
-        self.unreplaceable = unreplaceable  # why, when load_weights is None
+        self.call_timeout_s = call_timeout_s
         self.batch, self.k, self.filter = prompts_per_step, max_staleness, dynamic_sampling
         self.chunk = chunk_prompts or default_chunk(prompts_per_step, len(actors), max_staleness, chunks_per_engine)
         self.version = version  # the newest weights pushed to the engines
@@ -119,10 +126,10 @@ class Producer:
         self.scoring: dict[Any, _Chunk] = {}  # reward task handle -> its chunk (generated, rewards pending)
         self.ready: list[ScoredRollouts] = []  # scored groups, one per prompt
         self.redo: deque[tuple[int, Prompt]] = deque()  # (ticket, prompt) of chunks lost with their actor
-        # weight-load handle -> (actor, its incarnation, when it was replaced)
-        self.replacing: dict[Any, tuple[int, int, float]] = {}
         self.deadlines: dict[Any, tuple[float, str]] = {}  # handle waited for -> (perf_counter deadline, who is late)
-        self._deaths: dict[int, deque[float]] = {i: deque() for i in range(len(actors))}
+        fewest, most = engines or (len(actors), len(actors))
+        self.engines = Engines(actors, load_weights=load_weights, unreplaceable=unreplaceable, recovery=recovery,
+                               deadlines=self.deadlines, fewest=fewest, most=most)
         self.slots = chunks_per_engine
         self.idle = [i for i in range(len(actors)) for _ in range(chunks_per_engine)]  # one entry per free slot
         self.stats = BatchStats()
@@ -175,9 +182,9 @@ class Producer:
             self.stats.redispatched_prompts += len(chunk.prompts)
             self.lost(chunk.actor, chunk.incarnation, err)
             return
-        if chunk.incarnation == self.actors.incarnations[chunk.actor]:
-            # Otherwise the actor that generated it was replaced meanwhile (a push found it dead): the replacement
-            # becomes idle once it serves.
+        if chunk.incarnation == self.actors.incarnations[chunk.actor] and chunk.actor not in self.actors.retired:
+            # Otherwise the actor that generated it was replaced (or let go) meanwhile (a push found it dead): a
+            # replacement becomes idle once it serves.
             self.idle.append(chunk.actor)
             if not any(c.actor == chunk.actor for c in self.in_flight.values()):
                 self._idle_since[chunk.actor] = time.perf_counter()
@@ -199,65 +206,39 @@ class Producer:
             self._due(h, now, f"a reward task of {self.reward.function} for {self.actors.name(chunk.actor)}'s chunk")
 
     def lost(self, actor: int, incarnation: int, error: BaseException) -> None:
-        """Rollout actor `actor`, as it was at `incarnation`, is gone (`error`): replace it, unless that was done
-        already (a chunk and a weight push can both report the same death), within the restart budget."""
-        if incarnation != self.actors.incarnations[actor]:
+        """Rollout actor `actor`, as it was at `incarnation`, is gone (`error`): it is replaced or let go
+        (`Engines.lost`), and until it serves again it takes no chunk."""
+        if not self.engines.lost(actor, incarnation, error):
             return
-        name, r = self.actors.name(actor), self.recovery
-        if self.load_weights is None:
-            raise RuntimeError(f"rollout actor {name} died, and it cannot be replaced alone: {self.unreplaceable}. "
-                               f"Its error: {error}") from error
-        now = time.monotonic()
-        deaths = self._deaths[actor]
-        deaths.append(now)
-        while deaths[0] < now - r.window_s:
-            deaths.popleft()
-        if len(deaths) > r.max_restarts:
-            budget = ("cluster.recovery.max_restarts is 0: a dead rollout actor ends the run" if not r.max_restarts
-                      else f"it died {len(deaths)} times within cluster.recovery.window_s = {r.window_s:g} s, "
-                           f"more than cluster.recovery.max_restarts = {r.max_restarts}")
-            raise RuntimeError(f"rollout actor {name} died; {budget}. Its last error: {error}") from error
         self.idle = [a for a in self.idle if a != actor]
-        self._idle_since.setdefault(actor, time.perf_counter())  # its time dead and restarting is rollout idle
-        print(f"rollout actor {name} died ({type(error).__name__}); starting a replacement on its placement bundle "
-              f"(restart {len(deaths)} of {r.max_restarts} allowed within {r.window_s:g} s), "
-              f"{len(self.redo)} prompts to re-dispatch", flush=True)
-        self.actors.restart(actor)
-        self._replace(actor, self.actors.incarnations[actor], time.perf_counter())
-        self.stats.rollout_restarts += 1
+        if actor in self.actors.retired:
+            self._close_idle(actor)
+        else:
+            self._idle_since.setdefault(actor, time.perf_counter())  # its time dead and restarting is rollout idle
+        if self.redo:
+            print(f"{len(self.redo)} prompts of {self.actors.name(actor)}'s chunks go to the next chunks", flush=True)
 
     def lost_in_push(self, lost: dict[int, tuple[int, BaseException]]) -> None:
         """Replace the engines a weight push found dead (`SyncStats.lost`)."""
         for actor, (incarnation, error) in lost.items():
             self.lost(actor, incarnation, error)
 
-    def _on_replaced(self, handle: Any) -> None:
-        actor, incarnation, since = self.replacing.pop(handle)
-        assert self.load_weights is not None
-        try:
-            version = self.backend.get(handle)
-        except Exception as err:
-            if not self.actors.lost(actor, err):  # its own death is recovered; learner 0's is not the engine's
-                raise
-            self.lost(actor, incarnation, err)
-            return
-        if version < self.version:  # a push went out while it started, without it: load the newer weights
-            self._replace(actor, incarnation, since)
-            return
-        print(f"rollout actor {self.actors.name(actor)} serves policy version {version}, "
-              f"{time.perf_counter() - since:.1f} s after it was replaced", flush=True)
-        self.idle += [actor] * self.slots
+    def _on_engines(self, handle: Any) -> None:
+        """One of the engines' own handles is done: those that now serve take chunks."""
+        for actor in self.engines.done(handle, self.version):
+            self.idle += [actor] * self.slots
+            self._idle_since.setdefault(actor, time.perf_counter())
 
-    def _replace(self, actor: int, incarnation: int, since: float) -> None:
-        """Load the current weights into `actor`, replaced at `since`; it must serve within `start_timeout_s`."""
-        assert self.load_weights is not None
-        handle = self.load_weights(actor)
-        self.replacing[handle] = (actor, incarnation, since)
-        limit = self.recovery.start_timeout_s
-        self.deadlines[handle] = (since + limit, f"rollout actor {self.actors.name(actor)} does not serve within "
-                                  f"cluster.recovery.start_timeout_s = {limit:g} s of being replaced: its placement "
-                                  f"bundle may have no node to run on (a lost node and no capacity left), or its "
-                                  f"engine hangs while starting")
+    def _close_idle(self, actor: int) -> None:
+        """`actor` is gone for good: its idle time so far counts, none after."""
+        since = self._idle_since.pop(actor, None)
+        if since is not None:
+            self._idle_time += time.perf_counter() - since
+
+    def starting(self) -> set[int]:
+        """Actors loading their first weights: weight pushes leave them out (they load the weights when they are
+        ready)."""
+        return self.engines.starting()
 
     def _due(self, handle: Any, since: float, what: str) -> None:
         """`handle` (`what`, for the error) must be done `call_timeout_s` after `since`."""
@@ -277,10 +258,6 @@ class Producer:
                 ready, _ = self.backend.wait([h], timeout=0)
                 if not ready:
                     raise TimeoutError(self.deadlines[h][1])
-
-    def starting(self) -> set[int]:
-        """Actors being replaced: weight pushes leave them out (they load the weights when they are ready)."""
-        return {actor for actor, _, _ in self.replacing.values()}
 
     def _on_scored(self, chunk: _Chunk, scores: list[float], errors: int, last: str | None) -> None:
         """`chunk`'s samples are scored, `scores[i]` row i's (`errors` episodes failed in the reward function, the
@@ -311,8 +288,8 @@ class Producer:
         """Admit what fits, then wait for at least one event: a chunk generated, a reward task done, or one of
         `also` (returned, those of them that are done)."""
         self._admit()
-        waiting = [*self.in_flight, *self.scoring, *self.replacing, *also]
-        if not waiting:
+        waiting = [*self.in_flight, *self.scoring, *self.engines.handles(), *also]
+        if not any(h not in self.engines.waiting_for_room() for h in waiting):  # a node may never join
             raise RuntimeError("the producer has nothing in flight and no room to admit a chunk; the staleness "
                                "bound leaves no batch to generate")
         now = time.perf_counter()
@@ -322,8 +299,8 @@ class Producer:
             self.deadlines.pop(handle, None)
             if handle in self.in_flight:
                 self._on_generated(handle)
-            elif handle in self.replacing:
-                self._on_replaced(handle)
+            elif handle in self.engines:
+                self._on_engines(handle)
             elif handle in self.scoring:
                 chunk = self.scoring.pop(handle)
                 chunk.left.discard(handle)
@@ -363,6 +340,11 @@ class Producer:
         taken, self.ready = self.ready[: self.batch], self.ready[self.batch :]
         self.handed_out += 1
         stats, self.stats = self.stats, BatchStats()
+        counts = self.engines.pop_counts()
+        stats.rollout_restarts, stats.rollout_retired = counts.restarts, counts.retired
+        stats.rollout_added = counts.added
+        if self.engines.fewest != self.engines.most:
+            stats.engines = len(self.actors.active())
         stats.buffer_depth = len(self.ready)
         stats.rollout_idle = self._idle_fraction()
         self._admit()
@@ -381,7 +363,7 @@ class Producer:
         """Mean share of the time since the last batch that the rollout actors spent without a chunk."""
         now = time.perf_counter()
         idle = self._idle_time + sum(now - since for since in self._idle_since.values())
-        span = (now - self._period_start) * len(self.actors)
+        span = (now - self._period_start) * len(self.actors.active())
         self._idle_time, self._period_start = 0.0, now
         self._idle_since = dict.fromkeys(self._idle_since, now)
         return idle / span if span > 0 else 0.0

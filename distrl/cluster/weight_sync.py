@@ -76,7 +76,7 @@ class WeightSync(ABC):
     def start(self, version: int, skip: set[int] | frozenset[int] = frozenset()) -> PendingSync:
         """Start pushing to every engine but those in `skip` (being replaced: they load the weights themselves
         once started, with `push_one`)."""
-        to = [i for i in range(len(self.rollouts)) if i not in skip]
+        to = [i for i in self.rollouts.active() if i not in skip]
         return PendingSync(version, dict(zip(to, self._transfer(version, to), strict=True)), time.perf_counter(),
                            list(self.rollouts.incarnations))
 
@@ -177,23 +177,25 @@ class Broadcast:
 
 
 class NcclSync(WeightSync):
-    """Learner 0 broadcasts each push to every engine over an NCCL world of its own: learner 0 is rank 0, engine i
-    rank i + 1. One broadcast is in flight at a time: a push starts once the previous one has ended.
+    """Learner 0 broadcasts each push to every engine over an NCCL world of its own: learner 0 is rank 0, the
+    active engines ranks 1, 2, ... in index order. One broadcast is in flight at a time: a push starts once the
+    previous one has ended.
 
     A dead engine is replaced (`push_one`): every rank drops its communicator and the world forms again, on a
-    fresh port, with the new engine in the dead one's rank; learner 0 then broadcasts its current weights to every
-    engine (a broadcast needs every rank: the others load them again). What cannot be recovered ends the run with
-    an error saying so: an engine that dies while a broadcast waits for it (learner 0 would wait for ever, inside
-    NCCL), or a second engine dead when the world forms again."""
+    fresh port, with the new engine in the dead one's place; learner 0 then broadcasts its current weights to every
+    engine (a broadcast needs every rank: the others load them again). An engine added while the run goes on joins
+    the same way, and one let go leaves the world, which forms again without it before the next broadcast. What
+    cannot be recovered ends the run with an error saying so: an engine that dies while a broadcast waits for it
+    (learner 0 would wait for ever, inside NCCL), or a second engine dead when the world forms again."""
 
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
                  bucket_bytes: int, timeout_s: float, verify: bool):
         super().__init__(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
         self._sent: Any = None  # the handle of the broadcast `_load` submitted last, until it is recorded
         self._last: Broadcast | None = None  # the newest broadcast started
-        self.members: list[int] = []  # the incarnation of each engine in the world (`ActorGroup.incarnations`)
+        self.members: dict[int, int] = {}  # engine index -> its incarnation, for each engine in the world
         self.port = 0  # the rendezvous port of the world
-        self._wait_ready(list(range(len(rollouts))))
+        self._wait_ready(rollouts.active())
         self._form_world()
         print(f"weight sync: NCCL, learner 0 and {len(rollouts)} engines. A dead engine is replaced and joins a new "
               f"NCCL world (cluster.recovery.max_restarts), unless it dies while a broadcast waits for it: that ends "
@@ -224,18 +226,22 @@ class NcclSync(WeightSync):
                 dead[i] = err
         return dead
 
+    def _current(self) -> dict[int, int]:
+        """The world the engines need now: each active engine's index -> incarnation."""
+        return {i: self.rollouts.incarnations[i] for i in self.rollouts.active()}
+
     def _form_world(self) -> None:
-        """Learner 0 (rank 0) and every engine (rank i + 1) make the NCCL world, rendezvous at a free port of
-        learner 0's node, each waiting at most `timeout_s` for the others (vLLM's `store_timeout`); each drops the
-        communicator of an earlier world."""
+        """Learner 0 (rank 0) and every active engine (ranks 1, 2, ... in index order) make the NCCL world,
+        rendezvous at a free port of learner 0's node, each waiting at most `timeout_s` for the others (vLLM's
+        `store_timeout`); each drops the communicator of an earlier world."""
         host = self.learners.node_ip(0)
         self.port = self.backend.answer(self.learners.call(0, Learner.free_port, host), "learner 0's free port",
                                         self.timeout_s, "cluster.sync_timeout_s")
-        world = len(self.rollouts) + 1
-        self.members = list(self.rollouts.incarnations)
+        self.members = self._current()
+        world = len(self.members) + 1
         self.backend.answer([self.learners.call(0, Learner.nccl_connect, host, self.port, world, self.timeout_s),
-                             *[self.rollouts.call(i, RolloutWorker.nccl_connect, host, self.port, i + 1, world,
-                                                  self.timeout_s) for i in range(len(self.rollouts))]],
+                             *[self.rollouts.call(i, RolloutWorker.nccl_connect, host, self.port, rank, world,
+                                                  self.timeout_s) for rank, i in enumerate(self.members, start=1)]],
                             "the NCCL weight-sync group's connection (learner 0 and every engine)", self.timeout_s,
                             "cluster.sync_timeout_s")
 
@@ -246,8 +252,8 @@ class NcclSync(WeightSync):
         resolving to the version it then serves. The driver waits for the broadcast in flight, the new engine's
         start-up and the world's forming (not for the broadcast of the weights)."""
         self._end_broadcast()
-        everyone = list(range(len(self.rollouts)))
-        if self.members[index] != self.rollouts.incarnations[index]:
+        everyone = self.rollouts.active()
+        if self.members != self._current():
             # Every rank must join: one found dead now would leave the others waiting in the rendezvous.
             dead = self._dead_before_forming(everyone)
             others = {i: err for i, err in dead.items() if i != index}
@@ -292,9 +298,11 @@ class NcclSync(WeightSync):
             self._last = None
 
     def _load(self, version: Any, to: list[int]) -> list[Any]:
-        assert len(to) == len(self.rollouts), "an NCCL push goes to every engine: a broadcast needs every rank"
+        if self.members.keys() - self._current().keys():  # an engine was let go: the world forms again without it
+            self._form_world()
+        assert to == list(self.members), "an NCCL push goes to every engine of the world: a broadcast needs every rank"
         self._sent = self.learners.map(Learner.nccl_send, self.specs, self.dtype)[0]
-        return self.rollouts.map(RolloutWorker.nccl_receive, version, self.specs, self.dtype)
+        return [self.rollouts.call(i, RolloutWorker.nccl_receive, version, self.specs, self.dtype) for i in to]
 
     def _broadcast_done(self, broadcast: Broadcast) -> None:
         """Wait for learner 0's send of `broadcast`, watching the engines' loads: one that fails (a dead engine

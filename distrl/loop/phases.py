@@ -207,10 +207,11 @@ def evaluate(job: Job, step: int) -> dict[str, float]:
     sampling = cfg.eval.sampling
 
     def generate(prompts: list[Prompt], tickets: list[int]) -> Rollouts:
-        parts = min(len(group), len(prompts))
+        engines = group.active()
+        parts = min(len(engines), len(prompts))
         bounds = [round(i * len(prompts) / parts) for i in range(parts + 1)]
         handles = [group.call(i, RolloutWorker.generate, prompts[a:b], tickets[a:b], sampling)
-                   for i, (a, b) in enumerate(pairwise(bounds))]
+                   for i, (a, b) in zip(engines, pairwise(bounds), strict=False)]
         return Rollouts.concat(job.producer.wait_for(handles, calls(group, "evaluation", handles)))
 
     def score(spec: str, items: list[tuple[str, str, dict]]) -> Scores:
@@ -281,5 +282,6 @@ def save_checkpoint(job: Job) -> Path:
 
 
 def calls(group: ActorGroup | None, what: str, handles: list[Any] | None) -> list[str]:
-    """Names of the calls `handles` made on `group` one per actor (`map`, `map_shards`), for their time limit."""
-    return [f"{group.name(i)}'s {what}" for i in range(len(handles or []))] if group is not None else []
+    """Names of the calls `handles` made on `group` one per active actor, in order (`map`, `map_shards`), for their
+    time limit."""
+    return [f"{group.name(i)}'s {what}" for i in group.active()[:len(handles or [])]] if group is not None else []

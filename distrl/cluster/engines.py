@@ -1,0 +1,170 @@
+"""Keeping the rollout engines alive, and as many of them as their bounds and the cluster allow; the producer
+(`distrl.cluster.producer`) feeds whichever serve.
+
+- **A death.** An engine that dies (its process killed, its node lost; noticed when its chunk or a weight push to
+  it fails) is replaced on its placement bundle, and `load_weights(i)` loads the learners' current weights into the
+  new one before it serves (again, if a push it was left out of made them newer meanwhile). At most
+  `recovery.max_restarts` replacements of one engine within `recovery.window_s`; one more death ends the run with
+  the engine's last error. A replacement that does not serve within `recovery.start_timeout_s` ends the run naming
+  the engine and where it may run (its placement may wait for a node that never comes back).
+- **Fewer engines.** While more than `cluster.rollout.min_actors` engines serve, a dead one is let go instead
+  (its resources given back) and the others take its prompts.
+- **More engines.** While fewer than `cluster.rollout.max_actors` serve or start, one more waits for room: a
+  placement group of one engine's resources, on the nodes the role may use. When Ray places it (a node with room
+  joined, or had room already) the engine starts there, loads the current weights and then serves.
+
+Staleness is not this module's business: an engine serves only once it holds weights at least as new as the
+newest push (`done` checks), and the producer admits prompts by batches of room, whatever the number of engines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from distrl.cluster.capacity import where
+from distrl.cluster.group import ActorGroup
+from distrl.config import RecoveryConfig
+from distrl.workers.rollout import RolloutWorker
+
+
+@dataclass
+class EngineCounts:
+    """What happened to the engines since the counts were last taken."""
+
+    restarts: int = 0  # engines replaced after a death
+    retired: int = 0  # engines let go after a death (above min_actors)
+    added: int = 0  # engines started while the run went on (below max_actors)
+
+
+class Engines:
+    """The lifecycle of the rollout engines of `actors`. `load_weights(i)` loads the learners' current weights into
+    engine i and returns a handle resolving to the version it then serves (None: engines cannot be replaced,
+    `unreplaceable` says why). `deadlines` is the producer's table (handle -> (perf_counter deadline, message)),
+    where replacements get theirs. `fewest`, `most`: the bounds of the number of engines."""
+
+    def __init__(self, actors: ActorGroup[RolloutWorker], *, load_weights: Callable[[int], Any] | None,
+                 unreplaceable: str, recovery: RecoveryConfig, deadlines: dict[Any, tuple[float, str]],
+                 fewest: int | None = None, most: int | None = None):
+        self.actors, self.load_weights, self.unreplaceable = actors, load_weights, unreplaceable
+        self.recovery, self.deadlines = recovery, deadlines
+        self.fewest, self.most = fewest or len(actors), most or len(actors)
+        # weight-load handle -> (engine, its incarnation, when it was replaced or started)
+        self.loading: dict[Any, tuple[int, int, float]] = {}
+        self.growing: Any = None  # the handle of the placement reserved for one more engine, until Ray places it
+        self._deaths: dict[int, deque[float]] = {}
+        self.counts = EngineCounts()
+        self._grow()
+
+    def handles(self) -> list[Any]:
+        """What the producer waits for on the engines' behalf."""
+        return [*self.loading, *self.waiting_for_room()]
+
+    def waiting_for_room(self) -> list[Any]:
+        """The handle of the room reserved for one more engine, while Ray has not placed it: it may never be."""
+        return [self.growing] if self.growing is not None else []
+
+    def __contains__(self, handle: Any) -> bool:
+        return handle in self.loading or (self.growing is not None and handle is self.growing)
+
+    def starting(self) -> set[int]:
+        """Engines loading their first weights: pushes leave them out (they load the weights when they are
+        ready)."""
+        return {engine for engine, _, _ in self.loading.values()}
+
+    def pop_counts(self) -> EngineCounts:
+        counts, self.counts = self.counts, EngineCounts()
+        return counts
+
+    def lost(self, engine: int, incarnation: int, error: BaseException) -> bool:
+        """Engine `engine`, as it was at `incarnation`, is gone (`error`): let it go, or replace it, unless that was
+        done already (a chunk and a weight push can both report the same death). Returns whether it was done now."""
+        if incarnation != self.actors.incarnations[engine] or engine in self.actors.retired:
+            return False
+        name, r = self.actors.name(engine), self.recovery
+        if self.load_weights is None:
+            raise RuntimeError(f"rollout actor {name} died, and it cannot be replaced alone: {self.unreplaceable}. "
+                               f"Its error: {error}") from error
+        for handle, (e, _, _) in list(self.loading.items()):  # a replacement that died starting
+            if e == engine:
+                del self.loading[handle]
+                self.deadlines.pop(handle, None)
+        if len(self.actors.active()) > self.fewest:
+            self.actors.retire(engine)
+            self.counts.retired += 1
+            print(f"rollout actor {name} died ({type(error).__name__}); letting it go: "
+                  f"{len(self.actors.active())} engines serve, cluster.rollout.min_actors = {self.fewest}", flush=True)
+            self._grow()
+            return True
+        now = time.monotonic()
+        deaths = self._deaths.setdefault(engine, deque())
+        deaths.append(now)
+        while deaths[0] < now - r.window_s:
+            deaths.popleft()
+        if len(deaths) > r.max_restarts:
+            budget = ("cluster.recovery.max_restarts is 0: a dead rollout actor ends the run" if not r.max_restarts
+                      else f"it died {len(deaths)} times within cluster.recovery.window_s = {r.window_s:g} s, "
+                           f"more than cluster.recovery.max_restarts = {r.max_restarts}")
+            raise RuntimeError(f"rollout actor {name} died; {budget}. Its last error: {error}") from error
+        print(f"rollout actor {name} died ({type(error).__name__}); starting a replacement on its placement bundle "
+              f"(restart {len(deaths)} of {r.max_restarts} allowed within {r.window_s:g} s)", flush=True)
+        if self.growing is not None and self.actors.placement is not None:
+            # At min_actors the replacement comes first: room reserved for one more engine could take the node
+            # it waits for. Reserved again once the replacement serves.
+            self.actors.placement.withdraw()
+            self.growing = None
+        self.actors.restart(engine)
+        self._load(engine, self.actors.incarnations[engine], time.perf_counter(), "replaced")
+        self.counts.restarts += 1
+        return True
+
+    def done(self, handle: Any, version: int) -> list[int]:
+        """`handle` (one of `handles()`) is done; `version` is the newest pushed. Returns the engines that now
+        serve."""
+        if self.growing is not None and handle is self.growing:
+            self.growing = None
+            engine = self.actors.add()  # on the placement group Ray has just placed
+            self.counts.added += 1
+            print(f"rollout actor {self.actors.name(engine)} starts: a node has room for one more engine "
+                  f"({len(self.actors.active())} of at most cluster.rollout.max_actors = {self.most})", flush=True)
+            self._load(engine, 0, time.perf_counter(), "started")
+            return []
+        engine, incarnation, since = self.loading.pop(handle)
+        try:
+            served = self.actors.backend.get(handle)
+        except Exception as err:
+            if not self.actors.lost(engine, err):  # its own death is recovered; learner 0's is not the engine's
+                raise
+            self.lost(engine, incarnation, err)
+            return []
+        if served < version:  # a push went out while it started, without it: load the newer weights
+            self._load(engine, incarnation, since, "started")
+            return []
+        print(f"rollout actor {self.actors.name(engine)} serves policy version {served}, "
+              f"{time.perf_counter() - since:.1f} s after it was started", flush=True)
+        self._grow()
+        return [engine]
+
+    def _load(self, engine: int, incarnation: int, since: float, how: str) -> None:
+        """Load the current weights into `engine` (started at `since`); it must serve within `start_timeout_s`."""
+        assert self.load_weights is not None
+        handle = self.load_weights(engine)
+        self.loading[handle] = (engine, incarnation, since)
+        limit = self.recovery.start_timeout_s
+        placement = self.actors.placement
+        needs = f" {where(placement.resources)}" if placement is not None else ""
+        self.deadlines[handle] = (since + limit, f"rollout actor {self.actors.name(engine)} does not serve within "
+                                  f"cluster.recovery.start_timeout_s = {limit:g} s of being {how}: its placement "
+                                  f"bundle may have no node to run on{needs} (a node lost and no other with room), "
+                                  f"or its engine hangs while starting")
+
+    def _grow(self) -> None:
+        """Reserve room for one more engine if the bounds allow one and none is waiting for room already."""
+        if self.growing is not None or self.actors.placement is None or self.load_weights is None:
+            return
+        if len(self.actors.active()) < self.most:
+            engine, self.growing = self.actors.placement.add()
+            assert engine == len(self.actors), "a placement slot per engine, in order"

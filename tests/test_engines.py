@@ -1,0 +1,141 @@
+"""The rollout engines' number within its bounds (`cluster.rollout.min_actors` / `max_actors`), seen by the producer
+on the local backend: an engine that dies above the lower bound is let go and its prompts go to the others; below
+the upper bound, room reserved for one more engine starts it once Ray places it, and it takes chunks only once it
+serves the newest weights. The same engine's death at the lower bound is replaced (tests/test_producer.py)."""
+
+from typing import Any
+
+from distrl.cluster.backend import ActorLost, Done, LocalBackend
+from distrl.cluster.group import LocalGroup
+from distrl.cluster.producer import Producer
+from distrl.config import RecoveryConfig, RewardConfig, RoleResources
+from distrl.data import PromptStream
+from distrl.types import Prompt, Rollouts
+from tests.one_turn import one_turn
+
+
+class Echo:
+    """An engine that answers "2" to every prompt, once (n = 1), stamped with version `served`; it dies in its
+    generation when `dies` says so."""
+
+    def __init__(self, served: int = 0, dies: bool = False):
+        self.served, self.dies = served, dies
+
+    def version(self) -> int:
+        return self.served
+
+    def generate(self, prompts: list[Prompt], groups: list[int]) -> Rollouts:
+        if self.dies:
+            raise ActorLost("its node was lost")
+        k = len(prompts)
+        return one_turn(prompt_ids=[p.prompt_ids for p in prompts], response_ids=[[3]] * k,
+                        rollout_logprobs=[[-0.5]] * k, response_texts=["2"] * k, finish_reasons=["stop"] * k,
+                        group=list(groups), policy_version=[self.served] * k)
+
+
+class Pending(LocalBackend):
+    """A local backend on which a handle whose value is "pending" is not done yet (room Ray has not placed)."""
+
+    def wait(self, handles, timeout=None):
+        done = [h for h in handles if not (isinstance(h, Done) and h.value == "pending")]
+        return done, [h for h in handles if h not in done]
+
+
+class FakePlacement:
+    """A role's placement as the engines see it: `add` reserves room for one more engine (placed at once, or
+    "pending"); `release` gives an engine's room back."""
+
+    def __init__(self, size: int, placed: bool = True):
+        self.resources = RoleResources(labels={"pool": "inference"})
+        self.slots, self.placed, self.released = size, placed, []
+        self.ready: Done | None = None
+
+    def add(self) -> tuple[int, Any]:
+        self.slots += 1
+        self.ready = Done(None if self.placed else "pending")
+        return self.slots - 1, self.ready
+
+    def release(self, index: int) -> None:
+        self.released.append(index)
+
+    def withdraw(self) -> None:
+        self.slots -= 1
+        self.withdrawn = getattr(self, "withdrawn", 0) + 1
+
+
+def producer(group: LocalGroup, load_weights, fewest: int, most: int, k: int = 1) -> Producer:
+    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(64)], seed=0, shuffle=False)
+    return Producer(group, stream, RewardConfig(), prompts_per_step=4, max_staleness=k, chunk_prompts=1,
+                    dynamic_sampling=None, load_weights=load_weights, recovery=RecoveryConfig(), call_timeout_s=60.0,
+                    engines=(fewest, most))
+
+
+def test_an_engine_that_dies_above_the_lower_bound_is_let_go_and_the_others_take_its_prompts():
+    placement = FakePlacement(2, placed=False)  # no room for another engine: its reservation waits
+    group = LocalGroup("rollout", Pending(), lambda i, incarnation: Echo(dies=i == 1), 2, placement)
+    loaded: list[int] = []
+    p = producer(group, lambda i: loaded.append(i) or Done(0), fewest=1, most=2)
+    batch, stats = p.next_batch(step=1)
+    assert sorted(batch.rollouts.group) == [0, 1, 2, 3]  # engine 1's prompt went to engine 0, ticket kept
+    assert stats.redispatched_prompts == 1 and stats.rollout_retired == 1 and stats.rollout_restarts == 0
+    assert group.active() == [0] and placement.released == [1] and loaded == []
+    assert 1 not in p.idle and stats.metrics()["rollout/engines"] == 1.0
+    assert p.engines.growing is placement.ready  # room for one more engine is reserved, waiting for a node
+
+
+def test_an_engine_added_when_room_appears_serves_the_newest_weights_then_takes_chunks():
+    """Room for a second engine is placed at once: the engine starts, loads the weights; its first load serves a
+    version older than the newest push, so it loads again, and only then takes chunks."""
+    placement = FakePlacement(1)
+    made: list[int] = []
+
+    def make(i: int, incarnation: int) -> Echo:
+        made.append(i)
+        return Echo(served=3)
+
+    group = LocalGroup("rollout", LocalBackend(), make, 1, placement)
+    loads = iter([Done(2), Done(3)])
+    loaded: list[int] = []
+    p = producer(group, lambda i: loaded.append(i) or next(loads), fewest=1, most=2)
+    p.set_version(3)
+    batch, stats = p.next_batch(step=4)
+    assert made == [0, 1] and group.active() == [0, 1] and loaded == [1, 1]
+    assert stats.rollout_added == 1 and stats.metrics()["rollout/engines"] == 2.0
+    assert p.engines.growing is None and placement.slots == 2  # at max_actors: no more room is reserved
+    assert sorted(batch.rollouts.group) == [0, 1, 2, 3]
+
+
+def test_an_engine_is_not_added_before_ray_places_its_room():
+    placement = FakePlacement(1, placed=False)
+    group = LocalGroup("rollout", Pending(), lambda i, incarnation: Echo(), 1, placement)
+    # The learners' current weights; the engine stamps version 0, which k = 4 keeps usable.
+    p = producer(group, lambda i: Done(p.version), fewest=1, most=3, k=4)
+    p.next_batch(step=1)
+    p.set_version(1)
+    p.next_batch(step=2)
+    assert group.active() == [0] and placement.slots == 2  # one reservation waits; no second one is made
+    placement.ready.value = None  # a node joins: Ray places the group
+    p.set_version(2)
+    p.next_batch(step=3)
+    assert group.active() == [0, 1] and placement.slots == 3  # the next engine's room is reserved in turn
+
+
+def test_a_group_maps_over_its_active_workers_only():
+    group = LocalGroup("rollout", LocalBackend(), lambda i, incarnation: Echo(served=i), 3)
+    group.retire(1)
+    assert [h.value for h in group.map(Echo.version)] == [0, 2]
+    assert len(group) == 3 and group.active() == [0, 2]
+
+
+def test_at_the_lower_bound_a_replacement_takes_the_room_reserved_for_one_more_engine():
+    """Engine 0 of one dies while room for a second waits: the reservation is withdrawn (it could take the node the
+    replacement waits for), the replacement loads the weights, and once it serves the room is reserved again."""
+    placement = FakePlacement(1, placed=False)
+    group = LocalGroup("rollout", Pending(), lambda i, incarnation: Echo(), 1, placement)
+    p = producer(group, lambda i: Done(0), fewest=1, most=2)
+    assert p.engines.growing is not None and placement.slots == 2
+    p.lost(0, 0, ActorLost("its node was lost"))
+    assert placement.withdrawn == 1 and group.incarnations == [1]
+    assert p.engines.growing is None and placement.slots == 1
+    p.next_batch(step=1)  # the replacement serves, then room for one more is reserved again
+    assert p.engines.growing is not None and placement.slots == 2 and p.engines.counts.restarts == 0
