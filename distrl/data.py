@@ -5,7 +5,7 @@ through the Hugging Face cache), except JSON lines, which are read line by line:
 schema unified across rows, no missing key filled with null) and each error at its `file:line`. `data.prompt` takes
 a column or a template over columns; `data.reward_columns` picks what the reward sees.
 
-Light at import time: `datasets`, huggingface_hub, jinja2 and `distrl.types` (which imports torch) are imported by the
+Light at import time: `datasets`, huggingface_hub, jinja2 and `distrl.types.prompt` are imported by the
 functions that need them, so `distrl validate` never pays for them.
 """
 
@@ -25,7 +25,7 @@ from distrl.config.model import template_fields
 from distrl.hub import HubError, datasets_cache, is_hub_name, local_dir
 
 if TYPE_CHECKING:
-    from distrl.types import Prompt
+    from distrl.types.prompt import Prompt
 
 __all__ = ["DataError", "DataStats", "PromptStream", "check_rows", "load_prompts", "read_rows"]
 
@@ -362,7 +362,7 @@ def load_prompts(cfg: DataConfig, tokenizer) -> tuple[list[Prompt], DataStats]:
 
     Raises DataError naming file and line (or row) for a malformed row, and when no prompt is left.
     """
-    from distrl.types import Prompt
+    from distrl.types.prompt import Prompt
 
     samples, texts, templated, answers = [], [], [], []
     for where, prompt, answer, sample in _checked_rows(cfg):

@@ -19,7 +19,8 @@ from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, Sampled, as_
 from distrl.agents.host import EnvHost
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.config import EnvConfig, LoraConfig, ModelConfig, RolloutConfig
-from distrl.types import Episode, Prompt, Rollouts
+from distrl.types.prompt import Prompt
+from distrl.types.rollouts import Episode, Rollouts
 from distrl.workers import lora as adapters
 from distrl.workers.fingerprint import Fingerprint, check, of_tensors
 from distrl.workers.model import DTYPES, load_causal_lm, load_tokenizer

@@ -14,7 +14,7 @@ import pytest
 from distrl.config import DataConfig
 from distrl.data import DataError, PromptStream, check_rows, load_prompts
 from distrl.tasks.toy import write_toy_dataset
-from distrl.types import Prompt
+from distrl.types.prompt import Prompt
 from tests.hub_cache import cache_gsm8k_like
 
 

@@ -395,7 +395,7 @@ def test_a_dead_engine_is_replaced_in_the_run_and_serves_the_current_weights():
     from distrl.cluster.producer import Producer
     from distrl.config import RecoveryConfig, RewardConfig
     from distrl.data import PromptStream
-    from distrl.types import Prompt
+    from distrl.types.prompt import Prompt
     from tests.one_turn import one_turn
 
     class Generating(WorldEngine):

@@ -18,7 +18,7 @@ from distrl.agents.env import Start, Turn
 from distrl.agents.host import EnvError, EnvFailed, EnvLost, EnvTimeout
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.config import EnvConfig
-from distrl.types import Episode, Rollouts
+from distrl.types.rollouts import Episode, Rollouts
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,9 @@ from distrl.evaluation import write_samples
 from distrl.evaluator import Evaluator
 from distrl.metrics import BusyClock, PhaseTimer
 from distrl.run_dir import RunDir
-from distrl.types import Prompt, Rollouts, ScoredRollouts, Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch
+from distrl.types.prompt import Prompt
+from distrl.types.rollouts import Rollouts, ScoredRollouts
 from distrl.workers.critic import Critic
 from distrl.workers.learner import Learner
 from distrl.workers.reference import ReferenceWorker

@@ -28,7 +28,8 @@ from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, as_rollouts
 from distrl.agents.server import AgentServer
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.config import EnvConfig, EvalSamplingConfig, LoraConfig, ModelConfig, RolloutConfig, SamplingConfig
-from distrl.types import Prompt, Rollouts
+from distrl.types.prompt import Prompt
+from distrl.types.rollouts import Rollouts
 from distrl.workers import fingerprint, lora_engine
 from distrl.workers.device import granted_device
 from distrl.workers.engine_loop import EngineLoop

@@ -22,7 +22,7 @@ from distrl.cluster.producer import Producer
 from distrl.cluster.roles import started_roles, total_optimizer_steps
 from distrl.config import RecoveryConfig
 from distrl.data import PromptStream, load_prompts
-from distrl.types import TrainBatch
+from distrl.types.batches import TrainBatch
 from distrl.workers.learner import Learner
 from distrl.workers.model import load_tokenizer
 from distrl.workers.rollout import RolloutWorker

@@ -23,7 +23,8 @@ from distrl.cluster.roles import started_roles, total_optimizer_steps
 from distrl.config import RecoveryConfig
 from distrl.data import PromptStream, load_prompts
 from distrl.driver import train
-from distrl.types import ScoredRollouts, Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch
+from distrl.types.rollouts import ScoredRollouts
 from distrl.workers.fingerprint import WeightMismatch
 from distrl.workers.learner import Learner
 from distrl.workers.model import load_tokenizer
