@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from distrl.agents.chat import ChatRenderer
-from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, Sampled, as_rollouts
+from distrl.agents.episode import EnvClient, EpisodeRunner, as_rollouts
 from distrl.agents.host import EnvHost
 from distrl.agents.tool_calls import ToolCallParser
+from distrl.agents.trajectory import Budget, Sampled
 from distrl.config import EnvConfig, LoraConfig, ModelConfig, RolloutConfig
 from distrl.types.prompt import Prompt
 from distrl.types.rollouts import Episode, Rollouts

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distrl.agents.chat import ChatRenderer, ChatTemplateError
-from distrl.agents.episode import Budget, EpisodeResult, Trajectory, TurnSampler, drift, turn_seed
 from distrl.agents.tool_calls import ToolCallParser
+from distrl.agents.trajectory import Budget, EpisodeResult, Trajectory, TurnSampler, drift, turn_seed
 from distrl.types.rollouts import Episode
 
 UNSERVED = ("stop", "response_format", "logit_bias", "guided_json", "guided_regex")

@@ -24,9 +24,10 @@ import torch
 
 from distrl.agents.agent import host_of
 from distrl.agents.chat import ChatRenderer
-from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, as_rollouts
+from distrl.agents.episode import EnvClient, EpisodeRunner, as_rollouts
 from distrl.agents.server import AgentServer
 from distrl.agents.tool_calls import ToolCallParser
+from distrl.agents.trajectory import Budget
 from distrl.config import EnvConfig, EvalSamplingConfig, LoraConfig, ModelConfig, RolloutConfig, SamplingConfig
 from distrl.types.prompt import Prompt
 from distrl.types.rollouts import Rollouts
