@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from distrl.config import Config, EvalSetConfig
-from distrl.data import load_prompts
+from distrl.data.prompts import load_prompts
 from distrl.evaluation import EvalSample, figures
 from distrl.types.prompt import Prompt
 from distrl.types.rollouts import Rollouts

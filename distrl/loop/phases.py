@@ -25,7 +25,7 @@ from distrl.cluster.producer import BatchStats, Producer, staleness_metrics
 from distrl.cluster.roles import Roles
 from distrl.cluster.weight_sync import SyncStats
 from distrl.config import Config
-from distrl.data import PromptStream
+from distrl.data.stream import PromptStream
 from distrl.evaluation import write_samples
 from distrl.evaluator import Evaluator
 from distrl.metrics import BusyClock, PhaseTimer
