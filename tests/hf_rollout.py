@@ -25,7 +25,7 @@ from distrl.types.rollouts import Episode, Rollouts
 from distrl.workers import lora as adapters
 from distrl.workers.fingerprint import Fingerprint, check, of_tensors
 from distrl.workers.model import DTYPES, load_causal_lm, load_tokenizer
-from distrl.workers.rollout import eval_sampling, request_seed
+from distrl.workers.sampling import eval_sampling, request_seed
 
 
 class HFRolloutWorker:
