@@ -38,9 +38,9 @@ def main() -> None:
     import torch
 
     from distrl.config import from_dict
-    from distrl.workers.fingerprint import first_mismatch, of_tensors
+    from distrl.workers.fingerprint import first_mismatch, of_tensors, served_fingerprint
     from distrl.workers.model import DTYPES, load_causal_lm
-    from distrl.workers.rollout import RolloutWorker, served_fingerprint
+    from distrl.workers.rollout import RolloutWorker
     from distrl.workers.tiny_model import make_tiny_model
 
     model_dir = make_tiny_model(tempfile.mkdtemp() + "/model", hidden_size=args.hidden, num_layers=args.layers)

@@ -94,7 +94,7 @@ def write_model(directory: Path) -> tuple[int, int]:
 def make_batch(seqs: int, prompt: int, response: int, vocab: int):
     """`seqs` full-length sequences of random tokens, advantages of both signs, no old log-probs (one optimizer step
     takes its own, detached)."""
-    from distrl.types import Sequences, TrainBatch
+    from distrl.types.batches import Sequences, TrainBatch
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (seqs, prompt + response), generator=g)

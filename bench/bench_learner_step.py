@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from distrl.config import LearnerConfig, LossConfig, ModelConfig, ReferenceConfig
-from distrl.types import Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch
 from distrl.workers import learner as learner_module
 from distrl.workers import model as model_module
 from distrl.workers.learner import Learner

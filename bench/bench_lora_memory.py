@@ -41,7 +41,7 @@ def _bytes(tensors) -> int:
 def one(model_dir: str, rank: int, dtype: str, rows: int, tokens: int) -> dict:
     """Run one configuration in this process (rank 0: full fine-tuning); returns its figures."""
     from distrl.config import LearnerConfig, LossConfig, ModelConfig
-    from distrl.types import Sequences, TrainBatch
+    from distrl.types.batches import Sequences, TrainBatch
     from distrl.workers.learner import Learner
 
     torch.set_num_threads(1)

@@ -13,7 +13,7 @@ import tempfile
 import time
 
 from distrl.config import ModelConfig, RolloutConfig, SamplingConfig
-from distrl.types import Prompt
+from distrl.types.prompt import Prompt
 from distrl.workers.rollout import RolloutWorker
 from distrl.workers.tiny_model import make_tiny_model
 

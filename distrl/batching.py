@@ -22,7 +22,8 @@ from distrl.algo import (
     whiten_tokens,
 )
 from distrl.config import AlgorithmConfig, KLConfig
-from distrl.types import Rollouts, Sequences
+from distrl.types.batches import Sequences
+from distrl.types.rollouts import Rollouts
 
 
 def pad(rollouts: Rollouts, pad_id: int) -> Sequences:

@@ -21,7 +21,8 @@ from distrl.cluster.backend import Backend, connect
 from distrl.cluster.producer import Producer
 from distrl.cluster.roles import check_capacity, started_roles
 from distrl.config import Config
-from distrl.data import PromptStream, load_prompts
+from distrl.data.prompts import load_prompts
+from distrl.data.stream import PromptStream
 from distrl.evaluator import Evaluator
 from distrl.loop.asynchronous import train_async
 from distrl.loop.phases import Job, save_checkpoint

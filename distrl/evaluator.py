@@ -16,9 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from distrl.config import Config, EvalSetConfig
-from distrl.data import load_prompts
+from distrl.data.prompts import load_prompts
 from distrl.evaluation import EvalSample, figures
-from distrl.types import Prompt, Rollouts
+from distrl.types.prompt import Prompt
+from distrl.types.rollouts import Rollouts
 from distrl.workers.rewards import Scores
 
 Generate = Callable[[list[Prompt], list[int]], Rollouts]

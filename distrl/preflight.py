@@ -25,7 +25,8 @@ import os
 from pathlib import Path
 
 from distrl.config import Config, DataConfig, EnvConfig, RewardConfig, RunConfig
-from distrl.data import DataError, check_rows
+from distrl.data.prompts import check_rows
+from distrl.data.sources import DataError
 from distrl.hub import HubError, is_hub_name, local_dir
 from distrl.run_dir import reuse_problem
 

@@ -28,8 +28,8 @@ from distrl.trackers.base import EndState
 
 if TYPE_CHECKING:
     from distrl.cluster.weight_sync import SyncStats
-    from distrl.data import DataStats
-    from distrl.types import ScoredRollouts
+    from distrl.data.prompts import DataStats
+    from distrl.types.rollouts import ScoredRollouts
 
 # Learner/loss metric names (distrl.algo) -> the names users read in metrics.jsonl and dashboards.
 RENAMES = {

@@ -15,15 +15,17 @@ from typing import Any
 import torch
 
 from distrl.agents.chat import ChatRenderer
-from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, Sampled, as_rollouts
+from distrl.agents.episode import EnvClient, EpisodeRunner, as_rollouts
 from distrl.agents.host import EnvHost
 from distrl.agents.tool_calls import ToolCallParser
+from distrl.agents.trajectory import Budget, Sampled
 from distrl.config import EnvConfig, LoraConfig, ModelConfig, RolloutConfig
-from distrl.types import Episode, Prompt, Rollouts
+from distrl.types.prompt import Prompt
+from distrl.types.rollouts import Episode, Rollouts
 from distrl.workers import lora as adapters
 from distrl.workers.fingerprint import Fingerprint, check, of_tensors
 from distrl.workers.model import DTYPES, load_causal_lm, load_tokenizer
-from distrl.workers.rollout import eval_sampling, request_seed
+from distrl.workers.sampling import eval_sampling, request_seed
 
 
 class HFRolloutWorker:

@@ -3,7 +3,7 @@ by its sample's policy version."""
 
 from __future__ import annotations
 
-from distrl.types import Episode, Rollouts
+from distrl.types.rollouts import Episode, Rollouts
 
 
 def one_turn(prompt_ids: list[list[int]], response_ids: list[list[int]], rollout_logprobs: list[list[float]],

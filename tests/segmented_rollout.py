@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from distrl.types import Episode, Prompt, Rollouts
+from distrl.types.prompt import Prompt
+from distrl.types.rollouts import Episode, Rollouts
 from tests.hf_rollout import HFRolloutWorker
 
 

@@ -8,7 +8,8 @@ import torch
 
 from distrl.batching import advantages, gae_advantages, pad
 from distrl.config import AlgorithmConfig, KLInLoss, KLInReward
-from distrl.types import Episode, Rollouts, ScoredRollouts, Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch
+from distrl.types.rollouts import Episode, Rollouts, ScoredRollouts
 from tests.one_turn import one_turn
 
 PAD = 0

@@ -223,7 +223,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 
 def test_config_algo_and_cli_import_neither_ray_nor_vllm():
-    code = ("import sys, distrl.config, distrl.algo, distrl.cli, distrl.types\n"
+    code = ("import sys, distrl.config, distrl.algo, distrl.cli, distrl.types.batches\n"
             "heavy = [m for m in ('ray', 'vllm') if m in sys.modules]\n"
             "assert not heavy, heavy\n")
     result = _run(code)

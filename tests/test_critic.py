@@ -11,7 +11,7 @@ from test_learner import batch as policy_batch
 from distrl import checkpoint
 from distrl.config import CriticConfig, ModelConfig
 from distrl.merging import values
-from distrl.types import TrainBatch
+from distrl.types.batches import TrainBatch
 from distrl.workers.critic import Critic
 from distrl.workers.model import load_causal_lm
 

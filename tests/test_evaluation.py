@@ -126,7 +126,8 @@ def test_held_out_sets_are_evaluated_during_training(tmp_path, tiny_model_dir, m
 def test_an_evaluation_may_sample_longer_turns_than_training(tmp_path, tiny_model_dir):
     """eval.sampling.max_new_tokens above the training turn's is the evaluation's turn, and the engine's context
     is sized for the longer of the two (and for the longer prompts of the two)."""
-    from distrl.agents.episode import Budget, EpisodeRunner
+    from distrl.agents.episode import EpisodeRunner
+    from distrl.agents.trajectory import Budget
 
     toy = ROOT / "configs" / "data" / "toy.jsonl"
     cfg = config.load(ROOT / "configs" / "quickstart.yaml", [

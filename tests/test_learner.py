@@ -12,7 +12,7 @@ import torch
 from distrl import checkpoint
 from distrl.config import LearnerConfig, LossConfig, ModelConfig, RatioCorrection
 from distrl.merging import values
-from distrl.types import Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch
 from distrl.workers.learner import Learner, NonFiniteError
 
 

@@ -17,7 +17,7 @@ from test_sharding import _spawn
 from distrl import checkpoint
 from distrl.config import FSDPStrategy, ReplicateStrategy
 from distrl.merging import values
-from distrl.types import TrainBatch
+from distrl.types.batches import TrainBatch
 
 UPDATES = 2
 SETTINGS = {"lr": 1e-3, "micro_batch_size": 2}

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from distrl.types import Sequences
+from distrl.types.batches import Sequences
 from distrl.workers.model import padded_response_logprobs, response_logprobs, score_in_micro_batches
 from distrl.workers.packed_attention import PACKED_ATTENTION, sequence_bounds
 

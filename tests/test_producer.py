@@ -8,8 +8,9 @@ from distrl.cluster.backend import ActorLost, Done, LocalBackend
 from distrl.cluster.group import LocalGroup
 from distrl.cluster.producer import Producer, default_chunk
 from distrl.config import DynamicSamplingConfig, RecoveryConfig, RewardConfig
-from distrl.data import PromptStream
-from distrl.types import Episode, Prompt, Rollouts
+from distrl.data.stream import PromptStream
+from distrl.types.prompt import Prompt
+from distrl.types.rollouts import Episode, Rollouts
 from tests.one_turn import one_turn
 
 

@@ -17,9 +17,10 @@ from distrl.cluster.roles import actor_env, role_threads, sampling_seed
 from distrl.loop.recovery import check_shared_run_dir
 from distrl.preflight import PreflightError
 from distrl.run_dir import RunDir
-from distrl.types import Episode, Prompt, ScoredRollouts
+from distrl.types.prompt import Prompt
+from distrl.types.rollouts import Episode, ScoredRollouts
 from distrl.workers.device import granted_device
-from distrl.workers.rollout import request_seed
+from distrl.workers.sampling import request_seed
 from tests.one_turn import one_turn
 from tests.test_checkpoint import saved
 

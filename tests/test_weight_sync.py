@@ -394,8 +394,8 @@ def test_a_dead_engine_is_replaced_in_the_run_and_serves_the_current_weights():
     serves learner 0's current version and takes chunks again."""
     from distrl.cluster.producer import Producer
     from distrl.config import RecoveryConfig, RewardConfig
-    from distrl.data import PromptStream
-    from distrl.types import Prompt
+    from distrl.data.stream import PromptStream
+    from distrl.types.prompt import Prompt
     from tests.one_turn import one_turn
 
     class Generating(WorldEngine):

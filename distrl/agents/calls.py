@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distrl.agents.chat import ChatRenderer, ChatTemplateError
-from distrl.agents.episode import Budget, EpisodeResult, Trajectory, TurnSampler, drift, turn_seed
 from distrl.agents.tool_calls import ToolCallParser
-from distrl.types import Episode
+from distrl.agents.trajectory import Budget, EpisodeResult, Trajectory, TurnSampler, drift, turn_seed
+from distrl.types.rollouts import Episode
 
 UNSERVED = ("stop", "response_format", "logit_bias", "guided_json", "guided_regex")
 """Request fields that would change what is sampled, which distrl cannot honour and train on faithfully: refused

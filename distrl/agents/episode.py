@@ -13,35 +13,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from distrl.agents.calls import AgentCalls
 from distrl.agents.chat import ChatRenderer
-from distrl.agents.env import Start, Turn
+from distrl.agents.env import Start, Step, Turn
 from distrl.agents.host import EnvError, EnvFailed, EnvLost, EnvTimeout
 from distrl.agents.tool_calls import ToolCallParser
-from distrl.config import EnvConfig
-from distrl.types import Episode, Rollouts
-
-
-@dataclass(frozen=True)
-class Sampled:
-    """One turn as the engine produced it: the prompt ids it echoed, the sampled ids with their log-probs and the
-    policy version of the weights that sampled each, the decoded text, why it stopped ("stop" or "length") and
-    its share of the engine's time."""
-
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    text: str
-    finish_reason: str
-    engine_s: float = 0.0
-
-
-class TurnSampler(Protocol):
-    @property
-    def version(self) -> int:
-        """The policy version the engine serves now."""
-
-    async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> Sampled: ...
+from distrl.agents.trajectory import Budget, EpisodeResult, Trajectory, TurnSampler, drift, turn_seed
+from distrl.types.rollouts import Episode, Rollouts
 
 
 class EnvClient(Protocol):
@@ -50,7 +28,7 @@ class EnvClient(Protocol):
 
     async def start(self, episode: str, row: dict[str, Any]) -> Start: ...
 
-    async def step(self, episode: str, turn: Turn) -> Any: ...  # distrl.agents.env.Step
+    async def step(self, episode: str, turn: Turn) -> Step: ...
 
     async def run(self, episode: str, row: dict[str, Any], base_url: str) -> float: ...
 
@@ -60,66 +38,9 @@ class EnvClient(Protocol):
 class AgentEndpoint(Protocol):
     """The rollout worker's OpenAI-compatible endpoint (`distrl.agents.server.AgentServer`)."""
 
-    def open(self, episode: str, calls: Any) -> str: ...  # calls: distrl.agents.calls.AgentCalls
+    def open(self, episode: str, calls: AgentCalls) -> str: ...
 
     def close(self, episode: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class Budget:
-    """An episode's limits: model turns, response tokens (turns and observations), the engine's context, and the
-    tokens of one turn."""
-
-    max_turns: int
-    max_tokens: int
-    context: int
-    max_new_tokens: int
-
-    @staticmethod
-    def of(max_new_tokens: int, env: EnvConfig | None, context: int) -> Budget:
-        """The budget of an engine whose context is `context` tokens: one turn of `max_new_tokens` without an
-        environment; with one, `env.max_turns` such turns within `env.max_tokens` (null: the context)."""
-        if env is None:
-            return Budget(1, max_new_tokens, context, max_new_tokens)
-        return Budget(env.max_turns, env.max_tokens or context, context, max_new_tokens)
-
-
-@dataclass
-class Trajectory:
-    """The episode's ids as they grow: the prompt, then model turns (trained) and observations (given)."""
-
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-
-    @property
-    def ids(self) -> list[int]:
-        return [*self.prompt_ids, *self.response_ids]
-
-    def add_turn(self, turn: Sampled) -> None:
-        self.response_ids += turn.token_ids
-        self.logprobs += turn.logprobs
-        self.mask += [1] * len(turn.token_ids)
-        self.versions += turn.versions
-
-    def add_observation(self, ids: list[int], version: int) -> None:
-        self.response_ids += ids
-        self.logprobs += [0.0] * len(ids)
-        self.mask += [0] * len(ids)
-        self.versions += [version] * len(ids)
-
-
-def drift(echoed: list[int], expected: list[int]) -> int:
-    """Positions where the prompt the engine echoed differs from the trajectory it was given (length included)."""
-    return sum(a != b for a, b in zip(echoed, expected, strict=False)) + abs(len(echoed) - len(expected))
-
-
-def turn_seed(base: int, sample: int, turn: int) -> int:
-    """Seed of turn `turn` of sample `sample` of a prompt whose request seed is `base`: the first turn's is vLLM's
-    own for the j-th of n samples (base + j), so a one-turn episode samples what `n`-sample generation does."""
-    return base + sample + (turn << 32)
 
 
 @dataclass
@@ -142,17 +63,6 @@ class _Progress:
         return Episode(turns=self.turns, tool_calls=self.tool_calls, tool_errors=self.tool_errors,
                        parse_errors=self.parse_errors, env_wait_s=self.env_wait_s, engine_s=self.engine_s,
                        reward=self.reward, cut=self.cut, drift=self.drift, template_drift=template_drift)
-
-
-@dataclass
-class EpisodeResult:
-    """One finished episode: its trajectory, the text of its response, the last turn's finish reason, and its
-    `Episode` record."""
-
-    trajectory: Trajectory
-    text: str
-    finish_reason: str
-    episode: Episode
 
 
 def as_rollouts(episodes: list[list[EpisodeResult]], groups: list[int], n: int, version: int) -> Rollouts:
@@ -214,8 +124,6 @@ class EpisodeRunner:
     async def _agent(self, episode_id: str, prompt_ids: list[int], row: dict[str, Any], seed: int,
                      sample: int) -> list[EpisodeResult]:
         """An agent function's episode: it runs where `envs` runs it, its calls come back to `endpoint`."""
-        from distrl.agents.calls import AgentCalls
-
         assert self.envs is not None and self.endpoint is not None
         calls = AgentCalls(self.sampler, self.chat, self.budget, self.parser, self.end_of_turn, seed, sample)
         base_url = self.endpoint.open(episode_id, calls)

@@ -6,7 +6,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # run_dir imports this module, and `distrl validate` must not import torch
-    from distrl.types import Rollouts
+    from distrl.types.rollouts import Rollouts
 
 CUTS = ("max_turns", "max_tokens", "context", "env_timeout", "env_error")
 

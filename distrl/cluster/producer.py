@@ -40,8 +40,9 @@ from distrl.cluster import rewards
 from distrl.cluster.engines import Engines
 from distrl.cluster.group import ActorGroup
 from distrl.config import DynamicSamplingConfig, RecoveryConfig, RewardConfig
-from distrl.data import PromptStream
-from distrl.types import Prompt, ScoredRollouts
+from distrl.data.stream import PromptStream
+from distrl.types.prompt import Prompt
+from distrl.types.rollouts import ScoredRollouts
 from distrl.workers.rollout import RolloutWorker
 
 

@@ -28,7 +28,8 @@ from distrl.workers.critic import Critic
 from distrl.workers.hybrid import HybridWorker
 from distrl.workers.learner import Learner
 from distrl.workers.reference import ReferenceWorker
-from distrl.workers.rollout import ENGINE_ENV, RolloutWorker
+from distrl.workers.rollout import RolloutWorker
+from distrl.workers.vllm_engine import ENGINE_ENV
 
 
 @dataclass
@@ -153,7 +154,7 @@ def started_roles(cfg: Config, backend: Backend, rollout_worker: type = RolloutW
 
 def sampling_seed(cfg: Config) -> int:
     """The run's sampling seed: `rollout.seed`, or 1000 x `run.seed`. Every engine gets it; each sample's own seed
-    is derived from it and the sample's prompt ticket (`distrl.workers.rollout.request_seed`)."""
+    is derived from it and the sample's prompt ticket (`distrl.workers.sampling.request_seed`)."""
     return cfg.rollout.seed if cfg.rollout.seed is not None else cfg.run.seed * 1000
 
 

@@ -35,7 +35,8 @@ from distrl.loop.phases import (
     start_update,
     start_values,
 )
-from distrl.types import ScoredRollouts, TrainBatch
+from distrl.types.batches import TrainBatch
+from distrl.types.rollouts import ScoredRollouts
 
 
 @dataclass

@@ -25,12 +25,14 @@ from distrl.cluster.producer import BatchStats, Producer, staleness_metrics
 from distrl.cluster.roles import Roles
 from distrl.cluster.weight_sync import SyncStats
 from distrl.config import Config
-from distrl.data import PromptStream
+from distrl.data.stream import PromptStream
 from distrl.evaluation import write_samples
 from distrl.evaluator import Evaluator
 from distrl.metrics import BusyClock, PhaseTimer
 from distrl.run_dir import RunDir
-from distrl.types import Prompt, Rollouts, ScoredRollouts, Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch
+from distrl.types.prompt import Prompt
+from distrl.types.rollouts import Rollouts, ScoredRollouts
 from distrl.workers.critic import Critic
 from distrl.workers.learner import Learner
 from distrl.workers.reference import ReferenceWorker

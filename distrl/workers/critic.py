@@ -17,7 +17,7 @@ from distrl import checkpoint
 from distrl.algo import masked_mean, value_loss
 from distrl.config import CriticConfig, FSDPStrategy, ModelConfig
 from distrl.merging import Figure, Figures, Merge
-from distrl.types import Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch
 from distrl.workers import dist, sharding
 from distrl.workers.device import granted_device
 from distrl.workers.hf_export import HFExport

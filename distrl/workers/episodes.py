@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from distrl.agents.episode import Sampled
+from distrl.agents.trajectory import Sampled
 
 
 @dataclass

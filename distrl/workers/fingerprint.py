@@ -93,3 +93,49 @@ def check(expected: Fingerprint, served: Fingerprint, engine: str, version: int)
     if problem:
         raise WeightMismatch(f"{engine} serves weights other than learner 0's after loading version {version}: "
                              f"{problem} (cluster.verify_weights=false turns this check off)")
+
+
+def served_fingerprint(model: torch.nn.Module) -> Fingerprint:
+    """Fingerprint of the weights vLLM model `model` serves, under the HF names they
+    were loaded from; runs inside the engine's worker.
+
+    A linear layer's weight (and the LM head's) is sampled through the layer's own GEMM on one-hot inputs: on CPU
+    vLLM packs it for oneDNN and drops the parameter, and on any device this reads what the kernel multiplies by.
+    Fused layers (`qkv_proj`, `gate_up_proj`) are split back into their HF tensors by the model's
+    `packed_modules_mapping` and the layer's output sizes. Rows past the vocabulary (vLLM pads the embedding and the
+    LM head to a multiple of 64 rows), and the LM head's output sizes that count them, are left out."""
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    packed: dict[str, list[str]] = getattr(model, "packed_modules_mapping", {})
+    out: Fingerprint = {}
+    with torch.no_grad():
+        for prefix, module in model.named_modules():
+            parent = prefix.rpartition(".")[0]
+            if isinstance(module, LinearBase | ParallelLMHead):
+                width = module.embedding_dim if isinstance(module, ParallelLMHead) else module.input_size_per_partition
+                picked = columns(width)
+                one_hot = torch.zeros(len(picked), width, dtype=module.weight.dtype, device=module.weight.device)
+                one_hot[torch.arange(len(picked)), picked.to(one_hot.device)] = 1
+                rows = module.quant_method.apply(module, one_hot).T  # [N, S]: W[:, picked]
+                sizes = getattr(module, "output_partition_sizes", [rows.shape[0]])
+                bias = getattr(module, "bias", None)
+                if isinstance(module, ParallelLMHead):  # its output sizes count the padding rows too
+                    rows = rows[:module.num_embeddings]
+                    sizes = [module.num_embeddings]
+                    bias = None if bias is None else bias[:module.num_embeddings]
+                leaf = prefix.rpartition(".")[2]
+                names = packed.get(leaf, [leaf])
+                if len(names) != len(sizes):  # a fused layer under one HF name (e.g. Phi-3's qkv_proj)
+                    names, sizes = [leaf], [rows.shape[0]]
+                for i, (name, part) in enumerate(zip(names, rows.split(sizes), strict=True)):
+                    full = f"{parent}.{name}" if parent else name
+                    out[f"{full}.weight"] = of_sample(part)
+                    if bias is not None:
+                        out[f"{full}.bias"] = of_sample(sample(bias.split(sizes)[i]))
+                continue
+            for name, param in module.named_parameters(recurse=False):
+                if isinstance(module, VocabParallelEmbedding):
+                    param = param[:module.num_embeddings]  # noqa: PLW2901 - the same tensor without vLLM's padding
+                out[f"{prefix}.{name}" if prefix else name] = of_sample(sample(param))
+    return out

@@ -16,7 +16,7 @@ from distrl import checkpoint
 from distrl.algo import LossInputs, compute_loss
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
 from distrl.merging import Figures
-from distrl.types import Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch
 from distrl.workers import dist, export, fingerprint, lora, nccl
 from distrl.workers.device import granted_device
 from distrl.workers.fingerprint import Fingerprint

@@ -18,7 +18,7 @@ import torch
 from distrl.config import ModelConfig
 from distrl.hub import local_dir
 from distrl.micro_batches import micro_batches
-from distrl.types import Sequences
+from distrl.types.batches import Sequences
 from distrl.workers.packed_attention import PACKED_ATTENTION
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from distrl.config import ModelConfig, ReferenceConfig
-from distrl.types import Sequences
+from distrl.types.batches import Sequences
 from distrl.workers.device import granted_device
 from distrl.workers.model import load_causal_lm, score_in_micro_batches
 

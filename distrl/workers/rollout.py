@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import logging
 import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -24,31 +22,19 @@ import torch
 
 from distrl.agents.agent import host_of
 from distrl.agents.chat import ChatRenderer
-from distrl.agents.episode import Budget, EnvClient, EpisodeRunner, as_rollouts
+from distrl.agents.episode import EnvClient, EpisodeRunner, as_rollouts
 from distrl.agents.server import AgentServer
 from distrl.agents.tool_calls import ToolCallParser
-from distrl.config import EnvConfig, EvalSamplingConfig, LoraConfig, ModelConfig, RolloutConfig, SamplingConfig
-from distrl.types import Prompt, Rollouts
-from distrl.workers import fingerprint, lora_engine
+from distrl.agents.trajectory import Budget
+from distrl.config import EnvConfig, EvalSamplingConfig, LoraConfig, ModelConfig, RolloutConfig
+from distrl.types.prompt import Prompt
+from distrl.types.rollouts import Rollouts
+from distrl.workers import fingerprint, lora_engine, vllm_engine
 from distrl.workers.device import granted_device
 from distrl.workers.engine_loop import EngineLoop
 from distrl.workers.episodes import EngineStepper, Resampled
-from distrl.workers.fingerprint import Fingerprint, columns, of_sample, sample
-from distrl.workers.model import resolve_model_path, tokenizer_path
-
-ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
-"""Environment of every rollout process, needed before vLLM is imported (set by the cluster layer, and here).
-vLLM logs each weight reload at INFO; `cluster.actor_env` can set VLLM_LOGGING_LEVEL=INFO back."""
-
-
-RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
-
-
-def _rotary_cache_not_in_checkpoint(record: logging.LogRecord) -> bool:
-    """Drops vLLM's warning "RotaryEmbedding: Failed to load weights", logged at every reload: the rotary cos/sin
-    cache is a buffer that no checkpoint carries, so vLLM keeps the one it has. Harmless (the log-prob match test
-    covers the real weights), and at every step it buried the progress bar. Other layers' failures still show."""
-    return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
+from distrl.workers.fingerprint import Fingerprint, served_fingerprint
+from distrl.workers.sampling import eval_sampling, request_seed, sampling_params
 
 
 class UnusableEngine(RuntimeError):
@@ -114,25 +100,6 @@ def _shut_down(llm: Any) -> None:
     llm.llm_engine.engine_core.shutdown()  # once: later calls (and vLLM's own finalizer) do nothing
 
 
-def sampling_params(s: SamplingConfig, max_tokens: int, seed: int) -> Any:
-    """One turn's `SamplingParams`. vLLM detokenizes every sampled token, and every log-prob's token, as it goes: on
-    a small model that costs more than the forward passes, so only stop strings get it (the turn is decoded once at
-    its end otherwise). Flat log-probs hold one float per position (logprobs=0: the sampled token's) instead of a
-    dict per position; deltas let each token carry the version that sampled it."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=max_tokens,
-                          stop=s.stop or None, logprobs=0, flat_logprobs=True, detokenize=bool(s.stop), seed=seed,
-                          output_kind=RequestOutputKind.DELTA)
-
-
-def eval_sampling(rollout: SamplingConfig, e: EvalSamplingConfig) -> SamplingConfig:
-    """The rollout's sampling settings with an evaluation's temperature (0: greedy), top-p and turn length."""
-    return rollout.model_copy(update={"temperature": e.temperature, "top_p": e.top_p,
-                                      "max_new_tokens": e.max_new_tokens or rollout.max_new_tokens})
-
-
 @dataclass
 class Served:
     """The policy version an engine serves: read by its stepper at every step, set by a weight load; with
@@ -141,14 +108,6 @@ class Served:
 
     version: int = 0
     adapter: Any = None
-
-
-def request_seed(seed: int, ticket: int) -> int:
-    """The sampling seed of the request for prompt `ticket` in a run whose sampling seed is `seed`: 56 bits of a
-    hash of both, so that neighbouring tickets get unrelated streams. vLLM gives the request's j-th sample seed + j
-    (n > 1 is split into child requests), which stays below 2**63."""
-    digest = hashlib.sha256(f"distrl-sample:{seed}:{ticket}".encode()).digest()
-    return int.from_bytes(digest[:7], "little")
 
 
 class RolloutWorker:
@@ -166,11 +125,7 @@ class RolloutWorker:
                  max_restarts: int = 0, address: Callable[[], str] = lambda: "127.0.0.1",
                  max_new_tokens: int | None = None, lora: LoraConfig | None = None, sleep_mode: bool = False,
                  in_process_group: bool = False):
-        for key, value in ENGINE_ENV.items():
-            os.environ.setdefault(key, value)
-        from vllm import LLM
-
-        logging.getLogger(RELOAD_LOGGER).addFilter(_rotary_cache_not_in_checkpoint)
+        LLM = vllm_engine.import_llm()
         self.cfg = cfg
         self.seed = seed
         self.served = Served()
@@ -178,41 +133,11 @@ class RolloutWorker:
         self._torn: str | None = None  # why the engine may not serve (see load_weights)
         self.lora = lora
         self.on_gpu = on_gpu = granted_device(num_gpus, "rollout") == "cuda"
-        engine_args: dict[str, Any] = dict(
-            model=resolve_model_path(model),
-            tokenizer=tokenizer_path(model),
-            trust_remote_code=model.trust_remote_code,
-            dtype=cfg.dtype,
-            seed=seed,
-            # One-turn episodes need the longest prompt and turn (`max_new_tokens`: an evaluation's may be longer
-            # than training's); multi-turn ones, the model's own context.
-            max_model_len=cfg.max_model_len or (None if environment else
-                                                max_prompt_tokens + (max_new_tokens or cfg.sampling.max_new_tokens)),
-            enforce_eager=cfg.enforce_eager,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            logprobs_mode="processed_logprobs",
-            enable_prefix_caching=True,
-        )
-        if lora is not None:
-            # One slot: the current version's adapters, which every request carries.
-            engine_args.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)
-        if on_gpu:
-            # sleep_mode: a hybrid actor's engine releases the GPU while its learner works (`sleep`, `wake_up`).
-            engine_args.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=sleep_mode)
-        else:
-            # Chunked prefill off: when it splits a prompt, vLLM rewinds the request's seeded generator with
-            # set_offset, which CPU generators do not have ("CPU Generator does not use offset"), so a step whose
-            # prompts pass the token budget (4096) would crash. Whole prompts are scheduled instead.
-            engine_args.update(kv_cache_memory_bytes=cfg.kv_cache_bytes, distributed_executor_backend="uni",
-                               enable_chunked_prefill=False)
-        if in_process_group:
-            # A hybrid actor's engine, built once its learner joined the learners' process group: vLLM would make
-            # its own world group the process's default one, which the learners' already is. With the external
-            # launcher it takes the existing group as its world instead (as many data-parallel replicas of a TP 1
-            # engine, each serving its own requests: no collective while serving) and makes its model-parallel
-            # groups inside it, a collective that every learner makes at once. It reads its rank from RANK.
+        engine_args = vllm_engine.engine_args(cfg, model, max_prompt_tokens, seed, multi_turn=environment is not None,
+                                              max_new_tokens=max_new_tokens, lora=lora, on_gpu=on_gpu,
+                                              sleep_mode=sleep_mode, in_process_group=in_process_group)
+        if in_process_group:  # the external launcher's rank (vllm_engine.engine_args)
             os.environ.update(RANK=str(torch.distributed.get_rank()), LOCAL_RANK="0")
-            engine_args["distributed_executor_backend"] = "external_launcher"
         self.engine = EngineLoop(lambda: LLM(**engine_args))
         # The engine's thread (which holds the engine) ends with the worker, and so does the agents' endpoint.
         self._end = weakref.finalize(self, _end_worker, self.engine, self._serving)
@@ -405,49 +330,3 @@ class RolloutWorker:
         return [[step[tok].logprob
                  for tok, step in zip(seq[prompt_len:], out.prompt_logprobs[prompt_len:], strict=True)]
                 for seq, out in zip(sequences, outputs, strict=True)]
-
-
-def served_fingerprint(model: torch.nn.Module) -> Fingerprint:
-    """Fingerprint (`distrl.workers.fingerprint`) of the weights vLLM model `model` serves, under the HF names they
-    were loaded from; runs inside the engine's worker.
-
-    A linear layer's weight (and the LM head's) is sampled through the layer's own GEMM on one-hot inputs: on CPU
-    vLLM packs it for oneDNN and drops the parameter, and on any device this reads what the kernel multiplies by.
-    Fused layers (`qkv_proj`, `gate_up_proj`) are split back into their HF tensors by the model's
-    `packed_modules_mapping` and the layer's output sizes. Rows past the vocabulary (vLLM pads the embedding and the
-    LM head to a multiple of 64 rows), and the LM head's output sizes that count them, are left out."""
-    from vllm.model_executor.layers.linear import LinearBase
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-
-    packed: dict[str, list[str]] = getattr(model, "packed_modules_mapping", {})
-    out: Fingerprint = {}
-    with torch.no_grad():
-        for prefix, module in model.named_modules():
-            parent = prefix.rpartition(".")[0]
-            if isinstance(module, LinearBase | ParallelLMHead):
-                width = module.embedding_dim if isinstance(module, ParallelLMHead) else module.input_size_per_partition
-                picked = columns(width)
-                one_hot = torch.zeros(len(picked), width, dtype=module.weight.dtype, device=module.weight.device)
-                one_hot[torch.arange(len(picked)), picked.to(one_hot.device)] = 1
-                rows = module.quant_method.apply(module, one_hot).T  # [N, S]: W[:, picked]
-                sizes = getattr(module, "output_partition_sizes", [rows.shape[0]])
-                bias = getattr(module, "bias", None)
-                if isinstance(module, ParallelLMHead):  # its output sizes count the padding rows too
-                    rows = rows[:module.num_embeddings]
-                    sizes = [module.num_embeddings]
-                    bias = None if bias is None else bias[:module.num_embeddings]
-                leaf = prefix.rpartition(".")[2]
-                names = packed.get(leaf, [leaf])
-                if len(names) != len(sizes):  # a fused layer under one HF name (e.g. Phi-3's qkv_proj)
-                    names, sizes = [leaf], [rows.shape[0]]
-                for i, (name, part) in enumerate(zip(names, rows.split(sizes), strict=True)):
-                    full = f"{parent}.{name}" if parent else name
-                    out[f"{full}.weight"] = of_sample(part)
-                    if bias is not None:
-                        out[f"{full}.bias"] = of_sample(sample(bias.split(sizes)[i]))
-                continue
-            for name, param in module.named_parameters(recurse=False):
-                if isinstance(module, VocabParallelEmbedding):
-                    param = param[:module.num_embeddings]  # noqa: PLW2901 - the same tensor without vLLM's padding
-                out[f"{prefix}.{name}" if prefix else name] = of_sample(sample(param))
-    return out

@@ -22,7 +22,7 @@ from distrl import checkpoint
 from distrl.config import LearnerConfig
 from distrl.merging import Figure, Figures, Merge, merge, over_steps
 from distrl.micro_batches import micro_batches
-from distrl.types import Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch
 from distrl.workers import dist
 from distrl.workers.hf_export import HFExport
 from distrl.workers.optim import build_optimizer

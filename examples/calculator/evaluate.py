@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from distrl.agents.chat import ChatRenderer
-from distrl.agents.episode import Budget, EpisodeRunner, Sampled
+from distrl.agents.episode import EpisodeRunner
 from distrl.agents.host import EnvHost
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.agents.tools.calculator import evaluate as calculate
+from distrl.agents.trajectory import Budget, Sampled
 from distrl.config import Config
 
 

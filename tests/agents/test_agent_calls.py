@@ -15,10 +15,11 @@ import pytest
 from distrl.agents.agent import AgentHost, resolve_agent
 from distrl.agents.calls import AgentCalls, CallRefused
 from distrl.agents.chat import ChatRenderer
-from distrl.agents.episode import Budget, EpisodeRunner, Sampled, turn_seed
+from distrl.agents.episode import EpisodeRunner
 from distrl.agents.host import EnvError
 from distrl.agents.server import AgentServer
 from distrl.agents.tool_calls import ToolCallParser
+from distrl.agents.trajectory import Budget, Sampled, turn_seed
 from distrl.config import ModelConfig
 from distrl.workers.model import load_tokenizer
 from tests.agent_envs import TOOLS

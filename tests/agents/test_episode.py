@@ -11,8 +11,9 @@ import pytest
 
 from distrl.agents.chat import ChatRenderer
 from distrl.agents.env import Start, Step, Turn
-from distrl.agents.episode import Budget, EpisodeRunner, Sampled, drift, turn_seed
+from distrl.agents.episode import EpisodeRunner
 from distrl.agents.host import EnvError, EnvHost, EnvLost
+from distrl.agents.trajectory import Budget, Sampled, drift, turn_seed
 from distrl.config import ModelConfig
 from distrl.workers.model import load_tokenizer
 

@@ -12,7 +12,7 @@ import pytest
 
 from distrl.agents.chat import ChatRenderer
 from distrl.config import EnvConfig, from_dict
-from distrl.types import Prompt
+from distrl.types.prompt import Prompt
 from distrl.workers.rollout import RolloutWorker
 from tests.agent_envs import TOOLS
 from tests.e2e.conftest import quickstart

@@ -12,7 +12,7 @@ import torch
 
 from distrl.agents.chat import ChatRenderer
 from distrl.config import EnvConfig, from_dict
-from distrl.types import Prompt
+from distrl.types.prompt import Prompt
 from distrl.workers import export
 from distrl.workers.model import load_causal_lm
 from distrl.workers.rollout import RolloutWorker

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from distrl.config import LoraConfig, ModelConfig, RolloutConfig
-from distrl.types import Prompt
+from distrl.types.prompt import Prompt
 from distrl.workers.fingerprint import WeightMismatch
 from distrl.workers.learner import Learner
 from distrl.workers.rollout import RolloutWorker

@@ -21,8 +21,9 @@ from distrl.cluster.backend import RayBackend
 from distrl.cluster.producer import Producer
 from distrl.cluster.roles import started_roles, total_optimizer_steps
 from distrl.config import RecoveryConfig
-from distrl.data import PromptStream, load_prompts
-from distrl.types import TrainBatch
+from distrl.data.prompts import load_prompts
+from distrl.data.stream import PromptStream
+from distrl.types.batches import TrainBatch
 from distrl.workers.learner import Learner
 from distrl.workers.model import load_tokenizer
 from distrl.workers.rollout import RolloutWorker

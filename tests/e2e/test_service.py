@@ -21,9 +21,11 @@ from distrl.cluster.backend import RayBackend
 from distrl.cluster.producer import Producer
 from distrl.cluster.roles import started_roles, total_optimizer_steps
 from distrl.config import RecoveryConfig
-from distrl.data import PromptStream, load_prompts
+from distrl.data.prompts import load_prompts
+from distrl.data.stream import PromptStream
 from distrl.driver import train
-from distrl.types import ScoredRollouts, Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch
+from distrl.types.rollouts import ScoredRollouts
 from distrl.workers.fingerprint import WeightMismatch
 from distrl.workers.learner import Learner
 from distrl.workers.model import load_tokenizer
