@@ -9,8 +9,9 @@ from distrl.cluster.backend import ActorLost, Done, LocalBackend
 from distrl.cluster.group import LocalGroup
 from distrl.cluster.producer import Producer
 from distrl.config import RecoveryConfig, RewardConfig, RoleResources
-from distrl.data import PromptStream
-from distrl.types import Prompt, Rollouts
+from distrl.data.stream import PromptStream
+from distrl.types.prompt import Prompt
+from distrl.types.rollouts import Rollouts
 from tests.one_turn import one_turn
 
 
