@@ -18,7 +18,7 @@ from distrl.workers.model import load_causal_lm
 from distrl.workers.rollout import RolloutWorker
 from tests.agent_envs import TOOLS
 from tests.e2e.conftest import quickstart, start_quickstart
-from tests.e2e.test_recovery import finish, kill_actor, rows_of
+from tests.e2e.faults import finish, kill_actor, rows_of
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from distrl.driver import train
 
 from .conftest import outcome, quickstart, start_quickstart
-from .test_recovery import finish, kill_actor, wait_for_checkpoint
+from .faults import finish, kill_actor, wait_for_checkpoint
 
 TWO = ("cluster.learner.num_actors=2", "cluster.learner.num_cpus=0.5", "learner.micro_batch_size=16",
        "rollout.prompts_per_step=4", "run.steps=4", "run.checkpoint_at_end=false")

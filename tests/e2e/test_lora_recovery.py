@@ -4,7 +4,9 @@ alone and verified against its LoRA slot), and a dead learner is recovered from 
 and optimizer state."""
 
 from .conftest import start_quickstart
-from .test_recovery import STEPS, finish, kill_actor, rows_of, wait_for_checkpoint
+from .faults import finish, kill_actor, rows_of, wait_for_checkpoint
+
+STEPS = 8
 
 LORA = ("learner.lora.rank=8", "learner.lora.alpha=16", "learner.lr=1e-2")
 

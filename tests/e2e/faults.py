@@ -1,0 +1,47 @@
+"""Faults injected into running quickstarts: an actor's process killed, waits with a deadline for a run's output."""
+
+import json
+import time
+
+import psutil
+import pytest
+
+
+def kill_actor(root_pid: int, cls: str) -> None:
+    """SIGKILL the one actor process of class `cls` under process `root_pid` (Ray titles it `ray::<cls>...`): the
+    driver of an embedded cluster, or this process for the session's cluster, whose nodes it started."""
+
+    def title(p) -> list[str]:
+        try:
+            return p.cmdline()
+        except psutil.Error:  # a worker that exited (or is a zombie) while we looked
+            return []
+
+    actors = [p for p in psutil.Process(root_pid).children(recursive=True)
+              if any(part.startswith(f"ray::{cls}") for part in title(p))]
+    assert len(actors) == 1, [title(p) for p in actors]
+    actors[0].kill()
+
+
+def finish(proc) -> tuple[str, str]:
+    """The run's output once it exits (within 300 s; killed, with its cluster, if it does not)."""
+    try:
+        return proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def wait_for_checkpoint(proc, manifest, within_s: float = 60) -> None:
+    """Wait until the run writes checkpoint `manifest` (killed, failing the test, if it does not within `within_s`)."""
+    deadline = time.monotonic() + within_s
+    while not manifest.exists():
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no {manifest} within {within_s:g} s:\n{proc.communicate()[1][-3000:]}")
+        time.sleep(0.1)
+
+
+def rows_of(metrics) -> list[dict]:
+    return [json.loads(line) for line in metrics.read_text().splitlines()]
