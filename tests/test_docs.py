@@ -1,4 +1,4 @@
-"""The documentation says only what the code does: every YAML block in CONTRIBUTING.md and docs/ that is a
+"""The documentation says only what the code does: every YAML block in README.md, CONTRIBUTING.md and docs/ that is a
 config validates (read over configs/quickstart.yaml, or the config its first line names with `# over: PATH`), every
 `distrl ...` command line parses (and loads its config with its `--set` overrides when the config is in the
 repository), and every config field named in inline code exists. `make docs` builds the site in strict mode (broken
@@ -15,7 +15,7 @@ import pytest
 from distrl.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "CONTRIBUTING.md",
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md",
          *sorted(p for p in (ROOT / "docs").rglob("*.md") if "gen" not in p.relative_to(ROOT / "docs").parts)]
 
 
@@ -36,7 +36,7 @@ def page_id(path: Path) -> str:
 
 def test_the_pages_are_found():
     names = {page_id(p) for p in PAGES}
-    assert {"CONTRIBUTING.md", "docs/index.md", "docs/getting-started.md", "docs/BENCHMARKS.md"} <= names
+    assert {"README.md", "docs/index.md", "docs/getting-started.md", "docs/BENCHMARKS.md"} <= names
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
