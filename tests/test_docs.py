@@ -1,0 +1,121 @@
+"""The documentation says only what the code does: every YAML block in README.md, CONTRIBUTING.md and docs/ that is a
+config validates (read over configs/quickstart.yaml, or the config its first line names with `# over: PATH`), every
+`distrl ...` command line parses (and loads its config with its `--set` overrides when the config is in the
+repository), and every config field named in inline code exists. `make docs` builds the site in strict mode (broken
+links and anchors, pages left out of the navigation, unknown fields), and `make test` runs it."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from distrl.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md",
+         *sorted(p for p in (ROOT / "docs").rglob("*.md") if "gen" not in p.relative_to(ROOT / "docs").parts)]
+
+
+def _checks():
+    spec = importlib.util.spec_from_file_location("distrl_docs_checks", ROOT / "docs" / "gen" / "checks.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+checks = _checks()
+
+
+def page_id(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_the_pages_are_found():
+    names = {page_id(p) for p in PAGES}
+    assert {"README.md", "docs/index.md", "docs/getting-started.md", "docs/BENCHMARKS.md"} <= names
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_config_block_validates(page):
+    for block, tree in checks.config_blocks(page.read_text()):
+        try:
+            checks.check_config_block(block, tree)
+        except ConfigError as err:
+            pytest.fail(f"{page_id(page)}:{block.line}: this config block does not validate:\n{err}")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_distrl_command_line_parses(page, capsys):
+    for line, argv in checks.command_lines(page.read_text()):
+        try:
+            checks.check_command(argv)
+        except SystemExit:
+            pytest.fail(f"{page_id(page)}:{line}: `distrl {' '.join(argv)}` does not parse: {capsys.readouterr().err}")
+        except ConfigError as err:
+            pytest.fail(f"{page_id(page)}:{line}: `distrl {' '.join(argv)}`: {err}")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_config_field_named_exists(page):
+    assert checks.unknown_fields(page.read_text()) == []
+
+
+def test_the_docs_hold_configs_and_commands_to_check():
+    """A check that finds nothing cannot fail: the pages hold many of each."""
+    text = "\n".join(p.read_text() for p in PAGES)
+    assert len(list(checks.config_blocks(text))) >= 10
+    assert len(list(checks.command_lines(text))) >= 10
+    assert sum(len(checks.field_mentions(code)) for _, code in checks.inline_code(text)) >= 150
+
+
+MARKDOWN = '''Set `loss.kl.coef` and `loss.kl.coeff`, not `data.py` or `distrl.data.stream`; `eval.sets[].name` is one.
+
+```yaml
+loss: {kl: {coef: 0.01}}
+```
+
+```yaml
+# over: configs/grpo-gsm8k.yaml
+loss: {policy: {type: gspo, dual_clip: 3.0}}
+```
+
+```yaml
+apiVersion: v1
+kind: Secret
+```
+
+```bash
+X=1 .venv/bin/distrl train --config configs/quickstart.yaml --set run.steps=2 \\
+  --set loss.kl.coef=0.01   # a comment
+ray job submit --address http://127.0.0.1:8265 -- distrl validate configs/quickstart.yaml --set loop=async
+distrl eval --checkpoint x
+```
+
+`distrl train --config configs/quickstart.yaml --set run.stepz=3` and `distrl train` (a name).
+'''
+
+
+def test_what_the_checks_find_and_refuse():
+    assert checks.unknown_fields(MARKDOWN) == ["1: `loss.kl.coeff`", "24: `run.stepz`"]
+    blocks = list(checks.config_blocks(MARKDOWN))
+    assert [tree for _, tree in blocks] == [{"loss": {"kl": {"coef": 0.01}}},
+                                            {"loss": {"policy": {"type": "gspo", "dual_clip": 3.0}}}]
+    checks.check_config_block(*blocks[0])
+    with pytest.raises(ConfigError, match=r"(?s)over configs/grpo-gsm8k.yaml.*dual_clip"):
+        checks.check_config_block(*blocks[1])
+    commands = list(checks.command_lines(MARKDOWN))
+    assert commands == [
+        (18, ["train", "--config", "configs/quickstart.yaml", "--set", "run.steps=2", "--set", "loss.kl.coef=0.01"]),
+        (20, ["validate", "configs/quickstart.yaml", "--set", "loop=async"]),
+        (21, ["eval", "--checkpoint", "x"]),
+        (24, ["train", "--config", "configs/quickstart.yaml", "--set", "run.stepz=3"])]
+    checks.check_command(commands[0][1])
+    checks.check_command(commands[1][1])
+    with pytest.raises(SystemExit):
+        checks.check_command(commands[2][1])  # --config is required
+    with pytest.raises(ConfigError, match="stepz"):
+        checks.check_command(commands[3][1])
