@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny model (built once per session) and the toy dataset; `image` tests run only when asked."""
+"""Shared fixtures: the tiny models (built once per session) and the toy dataset; `image` tests run only when asked."""
 
 from __future__ import annotations
 
@@ -24,6 +24,15 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from distrl.workers.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory) -> Path:
+    """distrl's tiny random Qwen2 (tied embeddings, QKV bias, grouped-query attention: 4 query and 2 key/value
+    heads of 32) and its tokenizer, built once for the whole session."""
+    from distrl.workers.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2")
 
 
 @pytest.fixture

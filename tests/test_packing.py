@@ -123,20 +123,28 @@ def test_scoring_by_a_token_budget_keeps_row_order(model, max_tokens):
     assert torch.allclose(scored, whole, atol=2e-5, rtol=0)
 
 
-def test_the_pack_is_one_row_of_the_real_tokens(tiny_model_dir):
-    from distrl.workers.model import packed_layout
+def test_the_pack_is_one_row_of_the_real_tokens():
+    from distrl.workers.packed_attention import Pack
+    from distrl.workers.packing import host_layout
 
     # Real lengths 14 5 19 5 7 (prompt + response of BATCH), side by side in batch order: 50 tokens, no filler.
     seqs = ragged(*BATCH)
-    ids, positions, predicts, response = packed_layout(tiny_llama(tiny_model_dir), seqs)
+    layout = host_layout(seqs)
+    ids, positions, predicts, response = layout.ids, layout.position_ids, layout.predicts, layout.response
     assert ids.shape == positions.shape == (1, 50)
     assert positions[0].tolist() == [*range(14), *range(5), *range(19), *range(5), *range(7)]
     assert ids[0].tolist() == seqs.input_ids[seqs.attention_mask.bool()].tolist()
     assert sequence_bounds(positions[0]) == [(0, 14), (14, 19), (19, 38), (38, 43), (43, 50)]
+    # The host's pack is the one the attention would find in the positions, cu_seqlens and longest included.
+    found = Pack.of(positions)
+    assert layout.pack.bounds == found.bounds and layout.pack.longest == found.longest == 19
+    assert layout.pack.cu_seqlens.tolist() == found.cu_seqlens.tolist() == [0, 14, 19, 38, 43, 50]
     # Row 0's 5 prompt tokens sit at 0..4, and the last of them predicts its first response token: K starts at 4.
     # Row 1 (prompt 2, response 3) starts at 14: its predicting positions are 15, 16, 17.
-    assert predicts.shape == (int(response.sum()),)
+    assert predicts.shape == layout.targets.shape == (int(response.sum()),)
     assert predicts[:12].tolist() == [*range(4, 13), 15, 16, 17]
+    assert layout.targets.tolist() == ids[0, predicts + 1].tolist()
+    assert layout.response_index.tolist() == response.view(-1).nonzero().view(-1).tolist()
 
 
 def test_sequence_bounds_follow_the_restarts_of_the_positions():
@@ -203,8 +211,13 @@ def test_a_sequence_longer_than_a_sliding_window_is_refused():
         packed_attention(module, q, k, v, None, position_ids=positions, sliding_window=3)
 
 
-def test_the_sequences_of_a_pack_are_found_once_per_forward_pass(tiny_model_dir, monkeypatch):
+def test_the_sequences_of_a_pack_come_from_the_host(tiny_model_dir, monkeypatch):
+    """The layout made on the host tells the attention where the sequences are: they are never searched for in the
+    device's positions (which waits for a GPU), in any layer; a caller that gives only positions has them found
+    once per forward pass."""
     from distrl.workers import packed_attention
+    from distrl.workers.model import packed_inputs
+    from distrl.workers.packing import host_layout
 
     found = []
     real = packed_attention.sequence_bounds
@@ -213,6 +226,8 @@ def test_the_sequences_of_a_pack_are_found_once_per_forward_pass(tiny_model_dir,
     assert model.config.num_hidden_layers > 1
     with torch.no_grad():
         response_logprobs(model, ragged(*BATCH), 1.0)
-        assert len(found) == 1
-        response_logprobs(model, ragged(*BATCH, seed=3), 1.0)  # a new pass, new positions: found again
-    assert len(found) == 2
+        response_logprobs(model, ragged(*BATCH, seed=3), 1.0)
+        assert found == []
+        inputs = packed_inputs(model, host_layout(ragged(*BATCH)))
+        model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"].clone())  # positions alone
+    assert len(found) == 1  # one search for the one pass, not one per layer

@@ -7,6 +7,7 @@ Imports torch and `distrl.config` section classes only: no I/O, no logging, no R
 from distrl.algo.advantages import gae, group_advantages, token_advantages, whiten_tokens
 from distrl.algo.correction import metrics_by_staleness, mismatch_metrics, rollout_correction, weight_metrics
 from distrl.algo.kl import kl_estimate
+from distrl.algo.linear_logprobs import linear_logprobs
 from distrl.algo.logprobs import entropy_from_logits, token_logprobs
 from distrl.algo.loss import LossInputs, LossOutput, compute_loss
 from distrl.algo.loss_reference import reference_loss
@@ -26,6 +27,7 @@ __all__ = [
     "group_advantages",
     "gspo_log_ratio",
     "kl_estimate",
+    "linear_logprobs",
     "masked_mean",
     "masked_sum",
     "metrics_by_staleness",

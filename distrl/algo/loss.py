@@ -34,12 +34,17 @@ MERGE = {**correction.MERGE,
 
 @dataclass
 class LossOutput:
-    """`loss`: scalar tensor to backpropagate. `metrics`: this shard's figures, each with its merge rule (`MERGE`):
-    `loss/*` are partial sums of the global loss (they add up over shards like the loss does), the rest token
-    means, minima and maxima."""
+    """`loss`: scalar tensor to backpropagate. `tensors`: this shard's figures as 0-dim tensors on the loss's device
+    (each merges by `MERGE`: `loss/*` are partial sums of the global loss, which add up over shards like the loss
+    does, the rest token means, minima and maxima); a trainer keeps them there and reads them once per optimizer
+    step. `metrics`: the same as `Figures`, read now (one copy to the host, a wait on a GPU)."""
 
     loss: torch.Tensor
-    metrics: Figures = field(default_factory=dict)
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def metrics(self) -> Figures:
+        return _figures(self.tensors)
 
 
 def compute_loss(inputs: LossInputs, cfg: LossConfig) -> LossOutput:
@@ -64,10 +69,12 @@ def compute_loss(inputs: LossInputs, cfg: LossConfig) -> LossOutput:
     loss = out.loss
     if out.grad_logprobs is not None or out.grad_entropy is not None:
         loss = KnownGradient.apply(out.loss, inputs.logprobs, inputs.entropy, out.grad_logprobs, out.grad_entropy)
-    return LossOutput(loss=loss, metrics=_figures(out.metrics))
+    return LossOutput(loss=loss, tensors=out.metrics)
 
 
 def _figures(metrics: dict[str, torch.Tensor]) -> Figures:
     """0-dim tensors to Figures with one device-to-host copy instead of one per metric."""
+    if not metrics:
+        return {}
     values = torch.stack([v.to(torch.float64) for v in metrics.values()]).tolist()
     return {key: Figure(value, MERGE[key]) for key, value in zip(metrics, values, strict=True)}

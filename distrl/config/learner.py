@@ -102,8 +102,9 @@ class LearnerConfig(Section):
     `cpu_offload`)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of the forward and backward passes. Weights and optimizer state stay float32 either way;
-    bfloat16 runs the model under autocast (mixed precision). Left out, it is bfloat16 when the role has GPUs
-    (`cluster.learner.num_gpus`, `cluster.critic.num_gpus` > 0), else float32."""
+    bfloat16 casts the float32 weights to bfloat16 once per forward pass, layer by layer, and runs the whole pass in
+    bfloat16 (mixed precision; gradients reach the float32 weights through the casts). Left out, it is bfloat16 when
+    the role has GPUs (`cluster.learner.num_gpus`, `cluster.critic.num_gpus` > 0), else float32."""
     lr: float = Field(default=1e-5, gt=0.0)
     """Peak learning rate of AdamW."""
     weight_decay: float = Field(default=0.0, ge=0.0)

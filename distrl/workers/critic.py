@@ -16,16 +16,17 @@ import torch
 from distrl import checkpoint
 from distrl.algo import masked_mean, value_loss
 from distrl.config import CriticConfig, FSDPStrategy, ModelConfig
-from distrl.merging import Figure, Figures, Merge
+from distrl.merging import Figures, Merge
 from distrl.types.batches import Sequences, TrainBatch
 from distrl.workers import dist, sharding
-from distrl.workers.device import granted_device
+from distrl.workers.device import granted_device, to_device
 from distrl.workers.hf_export import HFExport
-from distrl.workers.model import DTYPES, packed_layout, resolve_model_path, tokenizer_path, unpack
+from distrl.workers.model import DTYPES, packed_inputs, resolve_model_path, tokenizer_path
 from distrl.workers.packed_attention import PACKED_ATTENTION
+from distrl.workers.packing import Layout, host_layout
 from distrl.workers.sharding.load import init_fresh
 from distrl.workers.strategy import make_strategy
-from distrl.workers.trainer import Counts, Trainer
+from distrl.workers.trainer import Counts, Measured, Trainer
 
 HEADS = ("score", "classifier")
 """Where transformers' token-classification models keep their head (Llama, Qwen2: `score`)."""
@@ -72,14 +73,15 @@ def load_sharded_value_model(model: ModelConfig, path: str | None, device: str, 
                                  attn_implementation=PACKED_ATTENTION)
 
 
-def response_values(model: torch.nn.Module, batch: Sequences) -> torch.Tensor:
+def response_values(model: torch.nn.Module, batch: Sequences, layout: Layout | None = None) -> torch.Tensor:
     """Values of the response tokens `[B, T]` float32, 0 on padding: V_t is read at the position before response
     token t (where the policy's logits for token t are), the state before it is emitted. One packed forward pass,
-    as `distrl.workers.model.response_logprobs` (no padding reaches the model); zero rows give `[0, T]`, still
-    connected to the graph."""
-    ids, position_ids, predicts, response = packed_layout(model, batch)
-    values = model(input_ids=ids, position_ids=position_ids).logits[0, :, 0]
-    return unpack(values[predicts].float(), response)
+    as `distrl.workers.model.response_logprobs` (no padding reaches the model; `layout` made on the host, else here
+    from `batch`); zero rows give `[0, T]`, still connected to the graph."""
+    if layout is None:
+        layout = host_layout(batch).to(batch.input_ids.device)
+    values = model(**packed_inputs(model, layout)).logits[0, :, 0]
+    return layout.unpack(values[layout.predicts].float())
 
 
 class Critic:
@@ -129,14 +131,16 @@ class Critic:
         gradient: `[B, T]` float32 on CPU, 0 on padding."""
         self.model.eval()
         try:
-            seqs = sequences.to(self.device)
-            out = torch.zeros(seqs.response_mask.shape, dtype=torch.float32, device=seqs.response_mask.device)
-            with self.trainer.autocast:  # micro-batches as the update forms them (token budget, lockstep)
+            seqs = sequences.to("cpu") if sequences.input_ids.device.type != "cpu" else sequences
+            out = torch.zeros(seqs.response_mask.shape, dtype=torch.float32, device=self.device)
+            with self.trainer.precision:  # micro-batches as the update forms them (token budget, lockstep)
                 for rows in self.trainer.micro_batches(seqs):
                     # An empty group (lockstep) still makes its forward pass, a collective when sharded.
-                    index = torch.tensor(rows, dtype=torch.long, device=out.device)
-                    out[index] = response_values(self.model, seqs.select(index))
-            return out.masked_fill(seqs.response_mask == 0, 0.0).cpu()
+                    index = torch.tensor(rows, dtype=torch.long)
+                    micro = seqs.select(index)
+                    out[to_device(index, self.device)] = response_values(self.model, micro,
+                                                                         host_layout(micro).to(self.device))
+            return out.cpu() * (seqs.response_mask != 0)
         finally:
             self.model.train()
 
@@ -147,19 +151,20 @@ class Critic:
         `critic/tokens`."""
         if batch.old_values is None or batch.returns is None:
             raise ValueError("Critic.update needs a batch with old_values and returns (GAE's)")
-        return self.trainer.update(batch.to(self.device), self._value_loss)
+        return self.trainer.update(batch, self._value_loss)
 
-    def _value_loss(self, model: torch.nn.Module, micro: TrainBatch, counts: Counts) -> tuple[torch.Tensor, Figures]:
+    def _value_loss(self, model: torch.nn.Module, micro: TrainBatch, counts: Counts,
+                    layout: Layout | None = None) -> tuple[torch.Tensor, Measured]:
         """The `Objective` of the critic: `value_loss` on the micro-batch's values under `model`, divided by the
         mini-batch's global token count."""
         assert micro.old_values is not None and micro.returns is not None  # checked in update
-        values = response_values(model, micro.sequences)
+        values = response_values(model, micro.sequences, layout)
         loss, metrics = value_loss(values, micro.old_values, micro.returns, micro.response_mask, self.cfg.value_clip,
                                    num_tokens=counts.num_tokens)
         return loss, {
-            "critic/value_loss": Figure(float(loss.detach()), Merge.SUM),
-            "critic/vf_clipfrac": Figure(float(metrics["vf_clipfrac"]), Merge.TOKEN_MEAN),
-            "critic/values_mean": Figure(float(masked_mean(values.detach(), micro.response_mask)), Merge.TOKEN_MEAN),
+            "critic/value_loss": (loss.detach(), Merge.SUM),
+            "critic/vf_clipfrac": (metrics["vf_clipfrac"], Merge.TOKEN_MEAN),
+            "critic/values_mean": (masked_mean(values.detach(), micro.response_mask), Merge.TOKEN_MEAN),
         }
 
     # ---------------------------------------------------------------------------------------------- checkpoints

@@ -20,3 +20,11 @@ def granted_device(num_gpus: float, role: str) -> str:
             f"process (torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): "
             f"install a CUDA build of torch on that node, or set cluster.{role}.num_gpus to 0 to run it on CPU")
     return "cuda"
+
+
+def to_device(x: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`x` (a host tensor) on `device`; to a GPU through pinned memory with `non_blocking`, so that the host does not
+    wait for the kernels queued before the copy (a copy from pageable memory waits for the stream to drain)."""
+    if torch.device(device).type == "cpu" or x.device.type != "cpu":
+        return x.to(device, non_blocking=True)
+    return x.pin_memory().to(device, non_blocking=True)

@@ -14,16 +14,18 @@ import torch
 
 from distrl import checkpoint
 from distrl.algo import LossInputs, compute_loss
+from distrl.algo.loss import MERGE
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
 from distrl.merging import Figures
 from distrl.types.batches import Sequences, TrainBatch
 from distrl.workers import dist, export, fingerprint, lora, nccl
-from distrl.workers.device import granted_device
+from distrl.workers.device import granted_device, to_device
 from distrl.workers.fingerprint import Fingerprint
 from distrl.workers.hf_export import HFExport
 from distrl.workers.model import DTYPES, response_logprobs, score_in_micro_batches, tokenizer_path
+from distrl.workers.packing import Layout
 from distrl.workers.strategy import make_strategy
-from distrl.workers.trainer import Counts, NonFiniteError, Trainer
+from distrl.workers.trainer import Counts, Measured, NonFiniteError, Trainer
 
 __all__ = ["Learner", "NonFiniteError"]
 
@@ -94,12 +96,12 @@ class Learner:
     def _score(self, sequences: Sequences, temperature: float | None) -> torch.Tensor:
         self.model.eval()
         try:
-            with self.trainer.autocast:
-                seqs = sequences.to(self.device)
+            with self.trainer.precision:
+                seqs = sequences.to("cpu") if sequences.input_ids.device.type != "cpu" else sequences
                 count = len(self.trainer.micro_batches(seqs))  # in lockstep with the other learners
                 t = self.temperature if temperature is None else temperature
                 return score_in_micro_batches(self.model, seqs, t, self.cfg.micro_batch_size,
-                                              self.cfg.max_tokens_per_micro_batch, count)
+                                              self.trainer.token_budget, count)
         finally:
             self.model.train()
 
@@ -107,36 +109,38 @@ class Learner:
     def update(self, batch: TrainBatch) -> Figures:
         """PPO epochs over this learner's shard (`Trainer.update`). Returns figures to merge over learners with
         `distrl.merging.merge`, weighted by `learner/tokens`."""
-        batch = batch.to(self.device)
+        if batch.response_mask.device.type != "cpu":
+            batch = batch.to("cpu")  # micro-batches and their layouts are made on the host
         if batch.old_logprobs is None and (self.cfg.ppo_epochs > 1
-                                           or len(batch.mini_batches(self.trainer.local_mini_batch_size)) > 1):
+                                           or len(self.trainer.mini_batch_rows(batch)) > 1):
             raise ValueError("a batch without old log-probs must be one optimizer step (one mini-batch, one PPO "
                              "epoch): only then are the update's own log-probs, detached, the proximal policy's")
         self._proximal = []
         figs = self.trainer.update(batch, self._policy_loss)
         if batch.old_logprobs is None:  # back into row order: micro-batches may group rows in another order
-            proximal = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+            proximal = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=self.device)
             for rows, old in zip(self.trainer.micro_rows, self._proximal, strict=True):
-                proximal[rows] = old
-            self._proximal = [proximal]
+                proximal[to_device(torch.tensor(rows, dtype=torch.long), self.device)] = old
+            self._proximal = [proximal.cpu()]  # one copy back, once the step has been read
         self.updates += 1
         return figs
 
-    def _policy_loss(self, model: torch.nn.Module, micro: TrainBatch, counts: Counts) -> tuple[torch.Tensor, Figures]:
+    def _policy_loss(self, model: torch.nn.Module, micro: TrainBatch, counts: Counts,
+                     layout: Layout | None = None) -> tuple[torch.Tensor, Measured]:
         """The `Objective` of the policy: `compute_loss` on the micro-batch's log-probs under `model`."""
         logprobs, entropy = response_logprobs(model, micro.sequences, self.temperature,
-                                              with_entropy=self.loss_cfg.entropy_coef > 0)
+                                              with_entropy=self.loss_cfg.entropy_coef > 0, layout=layout)
         old = micro.old_logprobs
         if old is None:  # one optimizer step from these weights: its log-probs are the proximal policy's
             old = logprobs.detach()
-            self._proximal.append(old.float().masked_fill(micro.response_mask == 0, 0.0).cpu())  # micro order
+            self._proximal.append(old.float().masked_fill(micro.response_mask == 0, 0.0))  # micro order, on device
         out = compute_loss(
             LossInputs(logprobs=logprobs, old_logprobs=old, advantages=micro.advantages, mask=micro.response_mask,
                        rollout_logprobs=micro.rollout_logprobs, ref_logprobs=micro.ref_logprobs, entropy=entropy,
                        num_tokens=counts.num_tokens, num_seqs=counts.num_seqs, norm_len=self.norm_len),
             self.loss_cfg,
         )
-        return out.loss, out.metrics
+        return out.loss, {key: (value, MERGE[key]) for key, value in out.tensors.items()}
 
     def weights_version(self) -> int:
         """The policy version of the weights held now (what `weight_bucket` called next sends)."""

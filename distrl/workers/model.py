@@ -19,7 +19,10 @@ from distrl.config import ModelConfig
 from distrl.hub import local_dir
 from distrl.micro_batches import micro_batches
 from distrl.types.batches import Sequences
+from distrl.workers import packed_attention
+from distrl.workers.device import to_device
 from distrl.workers.packed_attention import PACKED_ATTENTION
+from distrl.workers.packing import Layout, host_layout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -96,79 +99,91 @@ def padded_response_logprobs(model, batch: Sequences, temperature: float, with_e
     return logprobs, entropy
 
 
-def packed_layout(model, batch: Sequences) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The real tokens of `batch` side by side in one row, in the row-major order of the padded batch, for
-    `model`, whose attention must keep the sequences of the row apart (`PACKED_ATTENTION`; refused otherwise).
-
-    Returns `ids [1, N]` and `position_ids [1, N]` (restarting at 0 at each sequence's first real token),
-    `predicts [K]` (indices into the N tokens of the K positions whose next token is a real response token, in
-    the row-major order of the padded batch) and `response [B, T]` bool (those K response tokens in the padded
-    layout). With no real token at all the row is one filler token, so that the model still runs.
-    """
+def check_packed_attention(model) -> None:
+    """Refuse a model whose attention would let the sequences of a packed row see each other."""
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if attention != PACKED_ATTENTION:  # any other attention would let the packed sequences see each other
+    if attention != PACKED_ATTENTION:
         raise ValueError(f"a packed forward pass puts many sequences in one row, which the model's attention "
                          f"({attention!r}) does not keep apart: load it with attn_implementation="
                          f"{PACKED_ATTENTION!r} (distrl.workers.model.load_causal_lm does)")
-    real = batch.attention_mask.bool()
-    p = batch.prompt_len
-    if p == 0:
-        raise ValueError("Sequences: no prompt column; every sequence needs a real prompt token to predict from")
-    # Response token t sits at column P + t and is predicted by column P + t - 1, which must be real too.
-    response = real[:, p:]
-    predicts = torch.zeros_like(real)
-    predicts[:, p - 1 : -1] = response & real[:, p - 1 : -1]
-    if int(predicts.sum()) != int(response.sum()):
-        raise ValueError("Sequences: a response token follows padding (every sequence needs a real prompt token)")
-    rank = real.long().cumsum(-1) - 1  # position of each real token in its own sequence
-    ids, position_ids = batch.input_ids[real], rank[real]
-    if ids.numel() == 0:
-        ids, position_ids = ids.new_zeros(1), position_ids.new_zeros(1)
-    return ids[None], position_ids[None], predicts[real].nonzero().view(-1), response
 
 
-def response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False):
+def packed_inputs(model, layout: Layout) -> dict:
+    """The keyword arguments of `model`'s packed forward pass over `layout` (on the model's device), the attention
+    told where the sequences are (`packed_attention.remember`: no read back from the device)."""
+    check_packed_attention(model)
+    packed_attention.remember(layout.position_ids, layout.pack)
+    return dict(input_ids=layout.ids, position_ids=layout.position_ids, attention_mask=packed_attention.PACKED_ROWS,
+                use_cache=False)
+
+
+def response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False,
+                      layout: Layout | None = None):
     """Log-probs of the response tokens under `model`: `[B, T]` float32, 0 on padding (and entropies `[B, T]` if
     asked), from one packed forward pass.
 
-    The real tokens of the B rows are packed into one row of N tokens (`packed_layout`), with `position_ids`
-    restarting at 0 per sequence and no attention mask. The model's attention (`PACKED_ATTENTION`, set when it is
-    loaded) reads each restart as a new sequence and attends within it, so every token sees exactly what it sees in
-    the padded batch; no padding token reaches a linear layer and attention costs the sum of the squared lengths.
-    Logits are made only at the K positions that predict a response token (a hook hands the LM head just those
-    hidden states, through the model's own forward, so sharding hooks on the root still run), so no `[N, V]`
-    logits exist, and `token_logprobs` never makes a float32 log-softmax of them. Zero rows run the model on one
-    token and return `[0, T]` outputs still connected to the graph (see `distrl.micro_batches`).
+    The real tokens of the B rows are packed into one row of N tokens (`layout`, made on the host by
+    `distrl.workers.packing.host_layout` and moved to the model's device; made here from `batch` when not given),
+    with `position_ids` restarting at 0 per sequence and no attention mask. The model's attention
+    (`PACKED_ATTENTION`, set when it is loaded) attends within each sequence, so every token sees exactly what it
+    sees in the padded batch; no padding token reaches a linear layer and attention costs the sum of the squared
+    lengths. Only the K hidden states that predict a response token reach the LM head, which is computed in chunks
+    with the log-probs and entropies (`distrl.algo.linear_logprobs`: no `[K, V]` logits exist), inside the
+    model's own forward (so sharding hooks on the root still run). Zero rows run the model on one token and return
+    `[0, T]` outputs still connected to the graph (see `distrl.micro_batches`).
     """
-    from distrl.algo import entropy_from_logits, token_logprobs
-
-    ids, position_ids, predicts, response = packed_layout(model, batch)
-    targets = ids.view(-1)[predicts + 1]
-    logits = _logits_at(model, ids, position_ids, predicts)
-    if predicts.numel() == 0:  # no response token: empty outputs that still lead back through the model
-        empty = unpack(logits.float().sum(-1), response)
-        return empty, empty if with_entropy else None
-    logprobs = unpack(token_logprobs(logits, targets, temperature=temperature), response)
-    entropy = unpack(entropy_from_logits(logits, temperature=temperature), response) if with_entropy else None
-    return logprobs, entropy
+    if layout is None:
+        layout = host_layout(batch).to(batch.input_ids.device)
+    logprobs, entropy = _head_outputs(model, layout, temperature, with_entropy)
+    return layout.unpack(logprobs), None if entropy is None else layout.unpack(entropy)
 
 
-def _logits_at(model, ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Logits `[K, V]` of the packed row `ids [1, N]` at the positions `keep [K]`."""
-    kwargs = dict(input_ids=ids, position_ids=position_ids, use_cache=False)
-    if not hasattr(model, "get_decoder"):
-        return model(**kwargs).logits.flatten(0, 1)[keep]
+def _head_outputs(model, layout: Layout, temperature: float, with_entropy: bool):
+    """(log-probs `[K]`, entropies `[K]` or None) of `layout`'s response tokens under `model`: the decoder's K kept
+    hidden states go through `linear_logprobs` in place of the LM head's forward (for this call only); a model
+    that transforms its logits after the head (soft-capping, scaling) takes the plain head and `token_logprobs`."""
+    from distrl.algo import entropy_from_logits, linear_logprobs, token_logprobs
+
+    kwargs = packed_inputs(model, layout)
+    keep, targets = layout.predicts, layout.targets
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or not hasattr(model, "get_decoder") or logit_transforms(model.config):
+        logits = model(**kwargs).logits.flatten(0, 1)[keep]
+        return (token_logprobs(logits, targets, temperature=temperature),
+                entropy_from_logits(logits, temperature=temperature) if with_entropy else None)
+    outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
 
     def kept_hidden_states(module, args, output):
-        hidden = output.last_hidden_state
-        output.last_hidden_state = hidden.flatten(0, 1)[keep][None]  # [1, K, H]: the head sees only these
+        output.last_hidden_state = output.last_hidden_state.flatten(0, 1)[keep][None]  # [1, K, H]
         return output
 
+    def chunked_head(hidden: torch.Tensor) -> torch.Tensor:  # [1, K, H] -> an empty [1, K, 0] "logits"
+        weight = head.weight.to(hidden.dtype)  # one cast per forward; its gradient reaches the master weight
+        bias = None if head.bias is None else head.bias.to(hidden.dtype)
+        outputs.append(linear_logprobs(hidden[0], weight, targets, temperature, bias, with_entropy))
+        return hidden.new_zeros(*hidden.shape[:2], 0)
+
     handle = model.get_decoder().register_forward_hook(kept_hidden_states)
+    own = head.__dict__.get("forward")  # a forward set on the instance (a kernel library's patch) is put back
+    head.forward = chunked_head
     try:
-        return model(**kwargs).logits[0]
+        model(**kwargs)
     finally:
         handle.remove()
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
+    return outputs[0]
+
+
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+"""Config fields of models that change their logits after the LM head (Gemma 2, Cohere, Granite, ...)."""
+
+
+def logit_transforms(config) -> list[str]:
+    """The fields of `config` by which its model transforms the head's logits (none for Llama, Qwen2, Mistral)."""
+    return [name for name in LOGIT_TRANSFORMS if getattr(config, name, None) not in (None, 1, 1.0)]
 
 
 def unpack(values: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
@@ -180,11 +195,18 @@ def unpack(values: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
 def score_in_micro_batches(model, batch: Sequences, temperature: float, micro_batch_size: int,
                            max_tokens: int | None = None, min_count: int = 1) -> torch.Tensor:
     """`response_logprobs` without gradients over micro-batches (`distrl.micro_batches.micro_batches`: by the
-    token budget `max_tokens` when set, else `micro_batch_size` rows each): `[B, T]` float32 on CPU, 0 on padding,
-    rows in the batch's order."""
-    out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=batch.response_mask.device)
-    lengths = batch.attention_mask.sum(-1).tolist()
+    token budget `max_tokens` when set, else `micro_batch_size` rows each), for `model` on `device`: `[B, T]`
+    float32 on CPU, 0 on padding, rows in the batch's order. `batch` stays on the host (a device batch is brought
+    back once): each micro-batch's layout is made there and moved to the device without a wait, and the log-probs
+    come back in one copy at the end."""
+    if batch.input_ids.device.type != "cpu":
+        batch = batch.to("cpu")
+    device = next(model.parameters()).device
+    out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=device)
+    lengths = batch.attention_mask.numpy().sum(-1).tolist()
     for rows in micro_batches(lengths, micro_batch_size, max_tokens, min_count):
-        index = torch.tensor(rows, dtype=torch.long, device=out.device)
-        out[index] = response_logprobs(model, batch.select(index), temperature)[0].float()
-    return (out * batch.response_mask).cpu()
+        index = torch.tensor(rows, dtype=torch.long)
+        micro = batch.select(index)
+        out[to_device(index, device)] = response_logprobs(model, micro, temperature,
+                                                          layout=host_layout(micro).to(device))[0].float()
+    return out.cpu() * batch.response_mask

@@ -38,12 +38,20 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from distrl.workers.device import to_device
+
 try:  # FlashAttention varlen through torch itself (no flash-attn package); absent from older torch releases
     from torch.nn.attention.varlen import varlen_attn
 except ImportError:
     varlen_attn = None  # type: ignore[assignment]
 
 PACKED_ATTENTION = "distrl_packed"
+
+PACKED_ROWS = torch.empty(1, 1, 0, 0, dtype=torch.bool, device="meta")
+"""The `attention_mask` of a packed forward pass: a zero-size 4D "mask" that transformers hands to the attention as
+it is (a 4D mask counts as prepared), and which this attention reads as "packed rows, no mask". With no mask at all,
+transformers would look for packed sequences in `position_ids` itself (`find_packed_sequence_indices`, which reads
+a device tensor: a wait for the GPU in every forward pass) only for this attention to ignore what it found."""
 
 VARLEN_DTYPES = (torch.bfloat16, torch.float16)
 """The dtypes FlashAttention computes in; float32 runs the loop."""
@@ -128,19 +136,25 @@ class Stacks:
         order = torch.cat(index)
         restore = torch.empty_like(order)
         restore[order] = torch.arange(order.numel())
-        return cls(lengths, [i.to(device) for i in index], restore.to(device))
+        return cls(lengths, [to_device(i, device) for i in index], to_device(restore, device))
 
 
 _last: list[tuple[weakref.ref, Pack]] = []
 """The pack of the last `position_ids` seen (one entry at most): every layer of a forward pass gets the same tensor,
-so its sequences are found once per pass (on a GPU, `tolist` waits for the device; once per layer it would stall
-every layer's launch)."""
+so its sequences are found once per pass, or never when the caller made the pack on the host (`remember`): on a
+GPU, finding them from the device's positions (`Pack.of`) waits for the device."""
+
+
+def remember(position_ids: torch.Tensor, pack: Pack) -> None:
+    """Tell the attention that the packed row `position_ids` holds the sequences of `pack` (made on the host from
+    the batch's masks, `distrl.workers.packing`), for as long as that tensor lives."""
+    _last[:] = [(weakref.ref(position_ids), pack)]
 
 
 def _pack(position_ids: torch.Tensor) -> Pack:
-    """`Pack.of(position_ids [B, N])`, remembered for as long as that tensor lives."""
+    """The pack `remember`ed for `position_ids [B, N]`, else `Pack.of` it (a wait on a GPU), remembered."""
     if not _last or _last[0][0]() is not position_ids:
-        _last[:] = [(weakref.ref(position_ids), Pack.of(position_ids))]
+        remember(position_ids, Pack.of(position_ids))
     return _last[0][1]
 
 
@@ -160,6 +174,8 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     transformers' sdpa does: per sequence (from `position_ids`, causal within each) when no mask is given, by the
     path `attention_path` picks; else sdpa with the mask."""
     position_ids = kwargs.pop("position_ids", None)
+    if attention_mask is PACKED_ROWS:
+        attention_mask = None
     if attention_mask is not None or position_ids is None or query.shape[2] != key.shape[2]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     window = kwargs.get("sliding_window")  # set by models whose layers attend within a window (Qwen2, Mistral)

@@ -21,5 +21,5 @@ class ReferenceWorker:
         self.device = device
 
     def logprobs(self, sequences: Sequences) -> torch.Tensor:
-        return score_in_micro_batches(self.model, sequences.to(self.device), self.temperature,
+        return score_in_micro_batches(self.model, sequences, self.temperature,
                                       self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)

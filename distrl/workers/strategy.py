@@ -6,7 +6,7 @@ The training core, the weight export and the checkpoints ask the strategy for wh
 
     build        the float32 master model on this learner (sharded: on the meta device, then only its slices)
     lockstep     how many forward passes a learner makes (sharded: the most any learner needs)
-    autocast     the compute-dtype context (sharded: FSDP's mixed-precision policy casts instead)
+    mixed_precision  weights cast to the compute dtype once per forward (sharded: FSDP's mixed-precision policy)
     reduce_grads sum the gradients over the learners (sharded: FSDP's reduce-scatter already did, summing)
     clip         the global gradient norm, clipped
     bucket       one export bucket's full tensors on learner 0 (sharded: gathered, every learner taking part)
@@ -28,6 +28,7 @@ from distrl import checkpoint
 from distrl.config import FSDPStrategy, LearnerConfig, ModelConfig
 from distrl.workers import dist, export, lora, sharding
 from distrl.workers.hf_export import HFCopy, HFExport, save_tokenizer
+from distrl.workers.mixed_precision import CastOncePerForward
 from distrl.workers.model import DTYPES, load_causal_lm, resolve_model_path
 from distrl.workers.sharding.load import aliases
 
@@ -52,9 +53,14 @@ class Replicated:
             return load_causal_lm(model_cfg, "float32", path=path, device=self.device)
         return lora.wrap(load_causal_lm(model_cfg, self.cfg.dtype, path=path, device=self.device), adapters)
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def mixed_precision(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Make `model` compute in `learner.dtype` over its float32 master weights: with a lower dtype, the weights
+        are cast once per forward pass, layer by layer (`mixed_precision.CastOncePerForward`). Returns the context
+        its forward passes run in (none is needed: the casts are the model's own hooks)."""
         dtype = DTYPES[self.cfg.dtype]
-        return torch.autocast(self.device, dtype=dtype, enabled=dtype != torch.float32)
+        if dtype != torch.float32:
+            CastOncePerForward(model, dtype)
+        return contextlib.nullcontext()
 
     def lockstep(self, count: int) -> int:
         """How many forward passes this learner must make when it needs `count`: as many as it needs."""
@@ -63,8 +69,10 @@ class Replicated:
     def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         dist.all_reduce_grads_(params)
 
-    def clip(self, params: list[torch.nn.Parameter], max_norm: float | None) -> float:
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm or math.inf))
+    def clip(self, params: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
+        """Clip the gradients' global norm to `max_norm` (null: only measure); the norm before clipping, 0-dim on the
+        device (left there: the trainer reads it with the step's other figures)."""
+        return torch.nn.utils.clip_grad_norm_(params, max_norm or math.inf)
 
     def bucket(self, model: torch.nn.Module, spec: export.Spec, dtype: str, device: str = "cpu",
                every_rank: bool = False) -> dict[str, torch.Tensor]:
@@ -130,7 +138,7 @@ class Sharded(Replicated):
                                                compute_dtype=DTYPES[self.cfg.dtype], cpu_offload=self.cpu_offload,
                                                trust_remote_code=model_cfg.trust_remote_code)
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def mixed_precision(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # FSDP's MixedPrecisionPolicy gathers parameters in the compute dtype
 
     def lockstep(self, count: int) -> int:
@@ -141,8 +149,8 @@ class Sharded(Replicated):
     def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         pass  # each backward reduce-scattered (summed) its gradients into the shards
 
-    def clip(self, params: list[torch.nn.Parameter], max_norm: float | None) -> float:
-        return float(sharding.clip_grad_norm_(params, max_norm or math.inf))
+    def clip(self, params: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
+        return sharding.clip_grad_norm_(params, max_norm or math.inf)
 
     def bucket(self, model: torch.nn.Module, spec: export.Spec, dtype: str, device: str = "cpu",
                every_rank: bool = False) -> dict[str, torch.Tensor]:

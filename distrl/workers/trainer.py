@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from itertools import pairwise
 
+import numpy as np
 import torch
 
 from distrl import checkpoint
@@ -24,8 +26,10 @@ from distrl.merging import Figure, Figures, Merge, merge, over_steps
 from distrl.micro_batches import micro_batches
 from distrl.types.batches import Sequences, TrainBatch
 from distrl.workers import dist
+from distrl.workers.device import to_device
 from distrl.workers.hf_export import HFExport
 from distrl.workers.optim import build_optimizer
+from distrl.workers.packing import Layout, host_layout
 from distrl.workers.strategy import Replicated
 
 
@@ -37,9 +41,13 @@ class Counts:
     num_seqs: float
 
 
-Objective = Callable[[torch.nn.Module, TrainBatch, Counts], tuple[torch.Tensor, Figures]]
-"""The loss of one micro-batch `(model, micro, counts) -> (loss, figures)`: a scalar whose sum over the micro-batches
-of every learner is the mini-batch's loss (divide by `counts`), and its figures, each saying how it merges."""
+Measured = dict[str, tuple[torch.Tensor, Merge]]
+"""Figures of one micro-batch still on the device: 0-dim tensors, each with how it merges (`distrl.merging`)."""
+
+Objective = Callable[[torch.nn.Module, TrainBatch, Counts, Layout], tuple[torch.Tensor, Measured]]
+"""The loss of one micro-batch `(model, micro, counts, layout) -> (loss, figures)`: a scalar whose sum over the
+micro-batches of every learner is the mini-batch's loss (divide by `counts`), and its figures, left on the device.
+`micro` is on the trainer's device; `layout` is its packed layout there (`distrl.workers.packing`)."""
 
 
 class NonFiniteError(RuntimeError):
@@ -49,7 +57,12 @@ class NonFiniteError(RuntimeError):
 class Trainer:
     """`model` trained by AdamW under `cfg`'s schedule; `update(batch, objective)` runs `cfg.ppo_epochs` passes of one
     optimizer step per mini-batch. `strategy` (built the model and) says how the learners share it; `role` names
-    the trained model in figures and errors ("learner", "critic")."""
+    the trained model in figures and errors ("learner", "critic").
+
+    The host waits for the device once per optimizer step (and once per update with several learners, for the
+    global counts): batches stay on the host, where micro-batches and their packed layouts are made and moved to the
+    device without a wait (`distrl.workers.packing`); losses, figures, the non-finite flag and the gradient norm
+    stay on the device until the step reads them together, to decide whether to apply it."""
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, total_optimizer_steps: int, device: str,
                  global_mini_batch_size: int, strategy: Replicated, role: str = "learner"):
@@ -57,14 +70,14 @@ class Trainer:
         self.strategy = strategy
         self.global_mini_batch_size = global_mini_batch_size
         # Master weights and optimizer state stay float32; a lower cfg.dtype is the compute dtype (pure bf16
-        # weights would round most Adam updates of size ~lr away).
-        self.autocast = strategy.autocast()
+        # weights would round most Adam updates of size ~lr away), the weights cast once per forward pass.
+        self.precision = strategy.mixed_precision(model)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]
             model.config.use_cache = False  # type: ignore[union-attr]
         model.train()
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer, self.scheduler = build_optimizer(model, cfg, total_optimizer_steps)
+        self.optimizer, self.scheduler = build_optimizer(model, cfg, total_optimizer_steps, device)
         self.optimizer_steps = 0
         self.skipped_steps = 0
         self.consecutive_nonfinite = 0
@@ -77,77 +90,117 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ training
     def update(self, batch: TrainBatch, objective: Objective) -> Figures:
-        """`cfg.ppo_epochs` passes over this learner's shard of the step batch, one optimizer step per mini-batch:
-        the rows `TrainBatch.shard` labelled j are its part of global mini-batch j (the parts of one mini-batch may
-        differ by a row between learners when the batch's rows do not divide evenly); an unlabelled batch is cut
-        into chunks of `local_mini_batch_size` rows. Returns the figures merged over steps (`over_steps`), plus
-        this update's `<role>/*` figures."""
+        """`cfg.ppo_epochs` passes over this learner's shard of the step batch (on the host), one optimizer step per
+        mini-batch: the rows `TrainBatch.shard` labelled j are its part of global mini-batch j (the parts of one
+        mini-batch may differ by a row between learners when the batch's rows do not divide evenly); an unlabelled
+        batch is cut into chunks of `local_mini_batch_size` rows. Returns the figures merged over steps
+        (`over_steps`), plus this update's `<role>/*` figures."""
+        if batch.response_mask.device.type != "cpu":
+            batch = batch.to("cpu")
+        minis = self.mini_batch_rows(batch)
+        mask = batch.response_mask.numpy()
+        tokens = [float(mask[rows].sum()) for rows in minis]
+        counts = self._global_counts(mask, minis)
         steps: list[Figures] = []
-        tokens: list[float] = []
-        minis = batch.mini_batches(self.local_mini_batch_size)
         for _ in range(self.cfg.ppo_epochs):
-            for mini in minis:
-                steps.append(self.step(mini, objective))
-                tokens.append(float(mini.response_mask.sum()))
-        figs = over_steps(steps, tokens)
+            for rows, count in zip(minis, counts, strict=True):
+                steps.append(self.step(batch, rows, objective, count))
+        figs = over_steps(steps, tokens * self.cfg.ppo_epochs)
         figs.update({f"{self.role}/lr": Figure(self.scheduler.get_last_lr()[0], Merge.MEAN),
                      f"{self.role}/skipped_steps": Figure(self.skipped_steps, Merge.MAX),
                      f"{self.role}/optimizer_steps": Figure(self.optimizer_steps, Merge.MAX),
-                     f"{self.role}/tokens": Figure(float(batch.response_mask.sum()), Merge.SUM)})
+                     f"{self.role}/tokens": Figure(float(mask.sum()), Merge.SUM)})
         return figs
 
-    def step(self, mini: TrainBatch, objective: Objective) -> Figures:
-        """One optimizer step on this learner's part of a mini-batch: micro-batches accumulate gradients, which are
-        summed over the learner group, clipped, and applied unless the loss or the norm is not finite. Figures
-        merged over micro-batches; loss terms (`Merge.SUM`) summed over the group too, so they are the step's."""
-        mask = mini.response_mask
-        # Global normalisers: counts over this mini-batch on every learner.
-        counts = dist.all_reduce_(torch.stack([mask.sum(), (mask.sum(-1) > 0).sum().to(mask.dtype)]).double())
-        global_counts = Counts(*counts.tolist())
-        parts: list[Figures] = []
+    def mini_batch_rows(self, batch: TrainBatch) -> list[np.ndarray]:
+        """The rows of each of the batch's mini-batches, in order (`TrainBatch.mini_batches`, on the host): the
+        rows of each `mini_batch` label, or consecutive chunks of `local_mini_batch_size` rows."""
+        n = batch.batch_size
+        if batch.mini_batch is None:
+            size = self.local_mini_batch_size
+            return [np.arange(i, min(i + size, n)) for i in range(0, n, size)]
+        labels = batch.mini_batch.numpy()
+        counts = np.bincount(labels)
+        if (counts == 0).any():
+            raise ValueError(f"TrainBatch.mini_batches: no row of mini-batch {int(np.argmin(counts))} "
+                             f"(labels {labels.tolist()})")
+        bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        return [np.arange(a, b) for a, b in pairwise(bounds)]
+
+    def _global_counts(self, mask: np.ndarray, minis: list[np.ndarray]) -> list[Counts]:
+        """Each mini-batch's `Counts` over every learner: this learner's from the host mask, summed over the group
+        in one all-reduce (the update's one wait for it, with several learners)."""
+        local = [(float(mask[rows].sum()), float((mask[rows].sum(-1) > 0).sum())) for rows in minis]
+        if dist.world_size() > 1:
+            summed = dist.all_reduce_(to_device(torch.tensor(local, dtype=torch.float64), self.device)).tolist()
+            local = [tuple(pair) for pair in summed]
+        return [Counts(*pair) for pair in local]
+
+    def step(self, batch: TrainBatch, rows: np.ndarray, objective: Objective, counts: Counts) -> Figures:
+        """One optimizer step on this learner's part `rows` of a mini-batch of `batch` (on the host): micro-batches
+        accumulate gradients, which are summed over the learner group, clipped, and applied unless the loss or the
+        norm is not finite. Figures merged over micro-batches; loss terms (`Merge.SUM`) summed over the group too,
+        so they are the step's."""
+        mask = batch.response_mask.numpy()
+        self.micro_rows = self.micro_batches(batch.sequences, rows)
+        parts: list[Measured] = []
         part_tokens: list[float] = []
-        nonfinite_loss = 0.0
-        self.micro_rows = self.micro_batches(mini.sequences)
-        for rows in self.micro_rows:
-            micro = mini.select(torch.tensor(rows, dtype=torch.long, device=mask.device))
-            with self.autocast:
-                loss, figs = objective(self.model, micro, global_counts)
-            if not torch.isfinite(loss):
-                nonfinite_loss = 1.0
+        nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
+        for micro_rows in self.micro_rows:
+            index = torch.from_numpy(rows[micro_rows]).long()  # empty for a micro-batch added for lockstep
+            layout = host_layout(batch.sequences.select(index)).to(self.device)
+            with self.precision:
+                loss, figs = objective(self.model, _rows_on(batch, index, self.device), counts, layout)
+            nonfinite |= ~torch.isfinite(loss.detach())
             loss.backward()
             parts.append(figs)
-            part_tokens.append(float(micro.response_mask.sum()))
+            part_tokens.append(float(mask[rows[micro_rows]].sum()))
+        self.strategy.reduce_grads(self.params)
+        keys = list(parts[0])
+        sums = [key for key in keys if parts[0][key][1] is Merge.SUM]
+        # Summed over the group, a loss term is the step's own figure, the same on every learner.
+        reduced = dist.all_reduce_(torch.stack([nonfinite.double(), *(sum(p[k][0] for p in parts).double()
+                                                                     for k in sums)]))
+        grad_norm = self.strategy.clip(self.params, self.cfg.max_grad_norm)
+        read = torch.cat([reduced, grad_norm.double().view(1),
+                          *(torch.stack([p[k][0].double() for k in keys]) for p in parts)]).tolist()  # the wait
+        grad_norm_value = read[len(reduced)]
+        values = read[len(reduced) + 1:]
+        width = len(keys)
+        host = [{k: Figure(values[i * width + j], parts[0][k][1]) for j, k in enumerate(keys)}
+                for i in range(len(parts))]
         # A micro-batch without response tokens (added for lockstep, or all its responses empty) measured nothing:
         # its means are 0 / 0.
         measured = [i for i, tokens in enumerate(part_tokens) if tokens > 0] or list(range(len(parts)))
-        figs = merge([parts[i] for i in measured], [part_tokens[i] for i in measured])
-        self.strategy.reduce_grads(self.params)
-        sums = [key for key, fig in figs.items() if fig.merge is Merge.SUM]
-        reduced = dist.all_reduce_(torch.tensor([nonfinite_loss, *(figs[k].value for k in sums)],
-                                                dtype=torch.float64, device=self.device)).tolist()
-        # Summed over the group, a loss term is the step's own figure, the same on every learner.
-        figs.update({key: Figure(value, Merge.MEAN) for key, value in zip(sums, reduced[1:], strict=True)})
-        grad_norm = self.strategy.clip(self.params, self.cfg.max_grad_norm)
-        if reduced[0] > 0 or not math.isfinite(grad_norm):
-            self._skip(grad_norm)
+        figs = merge([host[i] for i in measured], [part_tokens[i] for i in measured])
+        figs.update({key: Figure(value, Merge.MEAN) for key, value in zip(sums, read[1:len(reduced)], strict=True)})
+        if read[0] > 0 or not math.isfinite(grad_norm_value):
+            self._skip(grad_norm_value)
         else:
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer_steps += 1
             self.consecutive_nonfinite = 0
         self.optimizer.zero_grad(set_to_none=True)
-        figs[f"{self.role}/grad_norm"] = Figure(grad_norm, Merge.MEAN)
+        figs[f"{self.role}/grad_norm"] = Figure(grad_norm_value, Merge.MEAN)
         return figs
 
-    def micro_batches(self, sequences: Sequences) -> list[list[int]]:
-        """Row groups of `sequences`, one per forward pass (`distrl.micro_batches`: by the token budget
-        `max_tokens_per_micro_batch` when set, else `micro_batch_size` rows), as many as the strategy's lockstep
-        asks. `step` keeps those of its last call in `micro_rows`, in the order the objective saw them."""
-        lengths = sequences.attention_mask.sum(-1).tolist()
-        rows = micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
-        need = self.strategy.lockstep(len(rows))
-        return rows if need == len(rows) else micro_batches(lengths, self.cfg.micro_batch_size,
-                                                            self.cfg.max_tokens_per_micro_batch, need)
+    def micro_batches(self, sequences: Sequences, rows: np.ndarray | None = None) -> list[list[int]]:
+        """Row groups of `sequences` (of its `rows`, as positions in `rows`), one per forward pass
+        (`distrl.micro_batches`: by the token budget when set, else `micro_batch_size` rows), as many as the
+        strategy's lockstep asks; from the host's attention mask. `step` keeps those of its last call in
+        `micro_rows`, in the order the objective saw them."""
+        lengths = sequences.attention_mask.numpy().sum(-1)
+        lengths = (lengths if rows is None else lengths[rows]).tolist()
+        budget = self.token_budget
+        groups = micro_batches(lengths, self.cfg.micro_batch_size, budget)
+        need = self.strategy.lockstep(len(groups))
+        return groups if need == len(groups) else micro_batches(lengths, self.cfg.micro_batch_size, budget, need)
+
+    @property
+    def token_budget(self) -> int | None:
+        """Tokens of one forward pass (`max_tokens_per_micro_batch`), None for fixed micro-batches."""
+        return self.cfg.max_tokens_per_micro_batch
 
     def _skip(self, grad_norm: float) -> None:
         self.skipped_steps += 1
@@ -181,3 +234,14 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps, self.skipped_steps = state["optimizer_steps"], state["skipped_steps"]
         self.consecutive_nonfinite = state["consecutive_nonfinite"]
+
+
+def _rows_on(batch: TrainBatch, index: torch.Tensor, device: str) -> TrainBatch:
+    """Rows `index` of `batch` (on the host) on `device`, copied without a wait (`to_device`), mini-batch labels
+    left behind."""
+    def move(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else to_device(x[index], device)
+
+    seqs = Sequences(**{f.name: move(getattr(batch.sequences, f.name)) for f in fields(Sequences)})
+    return TrainBatch(seqs, **{f.name: move(getattr(batch, f.name)) for f in fields(TrainBatch)
+                               if f.name not in ("sequences", "mini_batch")})

@@ -1,7 +1,7 @@
 """The GPU smoke suite: every test under tests/gpu is marked `gpu` and skipped where CUDA does not work, so the CPU
 suite collects and skips it cleanly; `make gpu-smoke` runs only these on one GPU with torch and transformers (no
-vLLM, no Ray). Its models are distrl's tiny ones (tests/conftest.py) in bfloat16 on `cuda`, except the learner-step
-benchmark's random ~0.5B Qwen2 (bench/bench_gpu_step.py)."""
+vLLM, no Ray). Its models are distrl's tiny ones (tests/conftest.py: `tiny_model_dir`, `tiny_qwen2_dir`) in
+bfloat16 on `cuda`, except the learner-step benchmark's random Qwen2.5-shaped models (bench/bench_gpu_step.py)."""
 
 from __future__ import annotations
 
@@ -22,12 +22,3 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
             if not torch.cuda.is_available():
                 item.add_marker(skip)
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen2_dir(tmp_path_factory) -> Path:
-    """distrl's tiny random Qwen2 (tied embeddings, QKV bias, grouped-query attention: 4 query and 2 key/value
-    heads of 32) and its tokenizer."""
-    from distrl.workers.tiny_model import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2")
