@@ -16,7 +16,7 @@ QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || 
 # package unpacked into .tools/ without installing it (apt as any user, the system untouched; ~10 s, once).
 PROMETHEUS ?= $(or $(shell command -v prometheus),$(CURDIR)/.tools/prometheus/usr/bin/prometheus)
 
-.PHONY: install quickstart lint docs test test-fast image-test gpu-smoke bench monitor prometheus clean
+.PHONY: install quickstart lint docs test test-fast image-test gpu-smoke gpu-wheels bench monitor prometheus clean
 
 install: $(STAMP)
 
@@ -63,6 +63,14 @@ image-test: install
 GPU_PYTHON ?= python3
 gpu-smoke:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest tests/gpu -m gpu -p no:cacheprovider -s
+
+# The wheels a lent GPU machine lacks (its image has torch and transformers): pydantic for distrl's config and
+# liger-kernel for `learner.kernels: liger`, for CPython 3.12 on x86_64, into .gpu-wheels/ (carried to the machine;
+# bench/gpu_session.sh installs them there).
+GPU_WHEELS = pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 liger-kernel==0.8.5
+gpu-wheels:
+	python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_17_x86_64 -d .gpu-wheels $(GPU_WHEELS)
 
 bench: install
 	$(PY) bench/bench_rollout.py && $(PY) bench/bench_step.py && $(PY) bench/bench_token_logprobs.py && $(PY) bench/bench_faults.py && $(PY) bench/bench_fingerprint.py

@@ -1,39 +1,66 @@
-"""Learner-step throughput on one CUDA GPU: tokens/s, peak memory and MFU of `Learner.update` (replicated, bfloat16
-autocast over float32 master weights, packed attention) for a randomly initialised Qwen2 of Qwen2.5-0.5B's shape
-(hidden 896, 24 layers, 14 query and 2 key/value heads, MLP 4864, vocabulary 151936, tied embeddings: 494M
-parameters). Needs torch (CUDA) and transformers only; no hub (the model is written locally at random).
+"""distrl's learner step against a hand-written PyTorch step on one CUDA GPU, measured in one run: seconds per
+optimizer step and their ratio, tokens/s, MFU, peak memory and host synchronisations per step, and the reference's
+forward pass, for randomly initialised Qwen2 models of Qwen2.5's shapes (0.5B, 1.5B, 3B, 7B) and each kernel choice
+(`learner.kernels`: plain, liger, compile). Needs torch (CUDA), transformers and pydantic; liger-kernel for the
+liger rows (skipped, with the reason, without it). No hub: the models are written locally at random.
 
-    python bench/bench_gpu_step.py [--seqs 16] [--prompt 256] [--response 768] [--micro 4] [--steps 5]
-                                   [--checkpointing] [--fsdp]
+    python bench/bench_gpu_step.py [--shapes 0.5B,1.5B,3B] [--seqs 64] [--micro 8] [--prompt 256] [--response 768]
+                                   [--kernels plain,liger,compile] [--budget auto] [--steps 3] [--checkpointing]
+                                   [--fsdp] [--offload]
 
-Each step is one optimizer step on `--seqs` sequences of `--prompt` + `--response` tokens (one mini-batch, one PPO
-epoch, micro-batches of `--micro` sequences packed into one row each). Two steps warm up; the next `--steps` are
-timed with the device synchronised around each.
+Each step is one optimizer step on `--seqs` sequences of `--prompt` + `--response` random tokens (one mini-batch,
+one PPO epoch), in micro-batches of `--micro` sequences (both steps alike; `--budget auto` adds a distrl row with
+`learner.max_tokens_per_micro_batch: auto`). Two steps warm up; the next `--steps` are timed, the device
+synchronised around each, and the median is reported.
+
+The hand-written step (`HandWritten`) is what a user writes in an afternoon: the same random model loaded in float32
+with sdpa attention, each micro-batch's forward under bfloat16 autocast with logits at every position, log-softmax
+and gather at the response positions, the policy-gradient loss -A log p summed over response tokens over the
+batch's response tokens, backward, gradient clipping at 1.0, fused AdamW. distrl is `Learner.update` (replicated,
+packed rows, the chunked head, weights cast once per forward, on-policy: old log-probs from the update's own
+forward). "syncs" is the number of synchronising CUDA calls of one step (`torch.cuda.set_sync_debug_mode`), and
+for distrl also its CPU count of host-waiting calls (`distrl.workers.host_syncs`).
 
 MFU counts model FLOPs (the recompute of gradient checkpointing excluded), forward plus backward = 3 x forward:
   - 6 * N * tokens, N the parameters of the decoder layers (embedding lookups are not matmuls);
   - 6 * hidden * vocab * K for the LM head, K the positions whose logits are made (distrl makes them only where a
-    response token is predicted: K = response tokens);
+    response token is predicted: K = response tokens; the hand-written step at every position);
   - attention scores and values, causal: 6 * layers * hidden * s^2 per sequence of s tokens (the usual
     12 * layers * hidden * s per token, halved by the causal mask);
 against the device's dense bfloat16 peak (`PEAK_BF16_TFLOPS`, looked up from the device name; none for a device
-the table lacks, and no MFU then).
+the table lacks, and no MFU then). The reference's forward is timed on the same batch with
+`ReferenceWorker.logprobs` (bfloat16 weights, no gradient).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
+import statistics
 import tempfile
 import time
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                  intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
-                  rope_theta=1000000.0, rms_norm_eps=1e-6, use_sliding_window=False)
-"""Qwen2.5-0.5B's config.json, less what a random model does not need."""
+_QWEN25 = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, use_sliding_window=False)
+SHAPES = {
+    "0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, **_QWEN25),
+    "1.5B": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True, **_QWEN25),
+    "3B": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+               intermediate_size=11008, vocab_size=151936, tie_word_embeddings=True, **_QWEN25),
+    "7B": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False, **_QWEN25),
+}
+"""Qwen2.5's config.json of each size, less what a random model does not need."""
+
+QWEN25_05B = SHAPES["0.5B"]
 
 PEAK_BF16_TFLOPS = (
     ("H100 PCIe", 756.0),
@@ -78,16 +105,19 @@ def step_flops(config: dict, layer_params: int, lengths: list[int], response_tok
                      attention=6.0 * layers * hidden * sum(s * s for s in lengths))
 
 
-def write_model(directory: Path) -> tuple[int, int]:
-    """A random Qwen2 of `QWEN25_05B`'s shape in `directory` (bfloat16 safetensors); returns (all parameters,
-    parameters of the decoder layers)."""
+def write_model(directory: Path, config: dict | None = None) -> tuple[int, int]:
+    """A random Qwen2 of `config`'s shape (default Qwen2.5-0.5B's) in `directory` (bfloat16 safetensors), made on
+    the GPU when there is one (fast for 7B); returns (all parameters, parameters of the decoder layers)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**QWEN25_05B))
-    model.to(torch.bfloat16).save_pretrained(directory)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = Qwen2ForCausalLM(Qwen2Config(**(config or QWEN25_05B))).to(torch.bfloat16)
+    model.save_pretrained(directory)
     total = sum(p.numel() for p in model.parameters())
     layers = sum(p.numel() for p in model.model.layers.parameters())
+    del model
     return total, layers
 
 
@@ -106,67 +136,254 @@ def make_batch(seqs: int, prompt: int, response: int, vocab: int):
     return TrainBatch(sequences, old_logprobs=None, advantages=advantages, ref_logprobs=None)
 
 
-def run(seqs: int = 16, prompt: int = 256, response: int = 768, micro: int = 4, steps: int = 5,
-        checkpointing: bool = False, fsdp: bool = False) -> dict[str, float | str | None]:
-    """Time `steps` learner steps after two warm-up steps; returns the figures (also printed)."""
+class HandWritten:
+    """The plain PyTorch step of the module docstring, on the model in `directory`."""
+
+    def __init__(self, directory: Path, micro: int, prompt: int):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
+                                                          attn_implementation="sdpa").cuda().train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-6, fused=True)
+        self.micro, self.prompt = micro, prompt
+
+    def step(self, batch) -> None:
+        ids = batch.sequences.input_ids.cuda()
+        advantages = batch.advantages.cuda()
+        p, tokens = self.prompt, batch.response_mask.sum()
+        for i in range(0, ids.shape[0], self.micro):
+            rows = ids[i:i + self.micro]
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = self.model(input_ids=rows).logits
+            logp = torch.log_softmax(logits[:, p - 1:-1].float(), -1).gather(-1, rows[:, p:, None]).squeeze(-1)
+            loss = -(advantages[i:i + self.micro] * logp).sum() / tokens
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def timed(step: Callable[[], None], steps: int) -> tuple[float, float, int]:
+    """(median seconds of `steps` calls after two warm-up calls, peak GiB, synchronising CUDA calls of one more)."""
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = sum("synchronizing" in str(w.message) for w in caught)
+    return statistics.median(times), peak, syncs
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    shape: str
+    what: str
+    seconds: float | None = None
+    peak_gib: float | None = None
+    syncs: int | None = None
+    cpu_syncs: int | None = None
+    mfu: float | None = None
+    tokens_per_s: float | None = None
+    ratio: float | None = None
+    note: str = ""
+
+    def line(self) -> str:
+        def f(x, fmt):
+            return "-" if x is None else format(x, fmt)
+        mfu = None if self.mfu is None else 100 * self.mfu
+        return (f"| {self.shape} | {self.what} | {f(self.seconds, '.3f')} | {f(self.ratio, '.2f')} | "
+                f"{f(self.tokens_per_s, '.0f')} | {f(mfu, '.1f')} | {f(self.peak_gib, '.1f')} | "
+                f"{f(self.syncs, 'd')} | {f(self.cpu_syncs, 'd')} | {self.note} |")
+
+
+HEADER = ("| model | step | s/step | distrl/hand | tokens/s | MFU % | peak GiB | CUDA syncs | CPU-counted syncs "
+          "| note |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def liger_problem() -> str | None:
+    """Why the liger rows cannot run here, or None."""
+    try:
+        import liger_kernel.transformers  # noqa: F401
+    except ImportError as e:
+        return f"liger-kernel not importable ({e})"
+    return None
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every row of one shape shares."""
+
+    shape: str
+    directory: str
+    seqs: int
+    micro: int
+    prompt: int
+    response: int
+    steps: int
+    checkpointing: bool = False
+    fsdp: bool = False
+    offload: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.seqs * (self.prompt + self.response)
+
+
+def run_shape(shape: str, seqs: int, micro: int, prompt: int, response: int, kernels: list[str], steps: int,
+              budget: str | int | None = None, checkpointing: bool = False, fsdp: bool = False,
+              offload: bool = False, hand: bool = True) -> list[Row]:
+    """Every row of one model shape (module docstring), printed as they come."""
+    config = SHAPES[shape]
+    data = make_batch(seqs, prompt, response, config["vocab_size"])
+    peak = peak_tflops(torch.cuda.get_device_name())
+    rows: list[Row] = []
+
+    def emit(row: Row) -> None:
+        rows.append(row)
+        print(row.line(), flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        total, layer_params = write_model(Path(tmp), config)
+        setup = Setup(shape, tmp, seqs, micro, prompt, response, steps, checkpointing, fsdp, offload)
+        lengths = [prompt + response] * seqs
+        distrl_flops = step_flops(config, layer_params, lengths, seqs * response).total / 1e12
+        hand_flops = step_flops(config, layer_params, lengths, seqs * (prompt + response - 1)).total / 1e12
+        hand_seconds = None
+        if hand:
+            with _freed(f"hand-written ({total / 1e9:.2f}B)", shape, emit):
+                row = hand_row(setup, data, f"hand-written ({total / 1e9:.2f}B, {seqs} x {micro})")
+                hand_seconds = row.seconds
+                emit(_rated(row, hand_flops, peak, setup.tokens, hand_seconds))
+        for kernel, tokens_budget in [(k, None) for k in kernels] + ([(kernels[0], budget)] if budget else []):
+            what = f"distrl {kernel}" + (f", budget {tokens_budget}" if tokens_budget else f", {seqs} x {micro}")
+            if kernel == "liger" and liger_problem():
+                emit(Row(shape, what, note=f"skipped: {liger_problem()}"))
+                continue
+            with _freed(what, shape, emit):
+                emit(_rated(distrl_row(setup, data, what, kernel, tokens_budget), distrl_flops, peak, setup.tokens,
+                            hand_seconds))
+            if tokens_budget is None:
+                with _freed(f"reference forward {kernel}", shape, emit):
+                    emit(_rated(reference_row(setup, data, kernel), None, peak, setup.tokens, None))
+    return rows
+
+
+def _rated(row: Row, tflops: float | None, peak: float | None, tokens: int, hand_seconds: float | None) -> Row:
+    """`row` with its tokens/s, MFU and ratio to the hand-written step filled in."""
+    if row.seconds is not None:
+        row.tokens_per_s = tokens / row.seconds
+        row.mfu = tflops / row.seconds / peak if tflops and peak else None
+        row.ratio = row.seconds / hand_seconds if hand_seconds else None
+    return row
+
+
+def hand_row(setup: Setup, data, what: str) -> Row:
+    bench = HandWritten(Path(setup.directory), setup.micro, setup.prompt)
+    seconds, gib, syncs = timed(lambda: bench.step(data), setup.steps)
+    return Row(setup.shape, what, seconds, gib, syncs)
+
+
+def distrl_row(setup: Setup, data, what: str, kernel: str, budget: str | int | None) -> Row:
     from distrl.config import FSDPStrategy, LearnerConfig, LossConfig, ModelConfig, ReplicateStrategy
     from distrl.workers import dist
+    from distrl.workers.host_syncs import HostSyncs
     from distrl.workers.learner import Learner
 
+    strategy = FSDPStrategy(cpu_offload=setup.offload) if setup.fsdp else ReplicateStrategy()
+    cfg = LearnerConfig(dtype="bfloat16", micro_batch_size=setup.micro, lr=1e-6, kernels=kernel,
+                        max_tokens_per_micro_batch=budget, gradient_checkpointing=setup.checkpointing,
+                        strategy=strategy)
+    learner = Learner(ModelConfig(path=setup.directory), cfg, LossConfig(), temperature=1.0,
+                      norm_len=setup.response, mini_batch_size=setup.seqs, total_optimizer_steps=setup.steps + 4,
+                      seed=0, num_gpus=1)
+    if setup.fsdp:
+        learner.connect("127.0.0.1", dist.free_port("127.0.0.1"), 0, 1)
+    try:
+        seconds, gib, syncs = timed(lambda: learner.update(data), setup.steps)
+        with HostSyncs() as counted:
+            learner.update(data)
+        note = f"budget {learner.trainer.token_budget} tokens" if budget else ""
+        return Row(setup.shape, what, seconds, gib, syncs, counted.total, note=note)
+    finally:
+        if setup.fsdp:
+            learner.close()
+
+
+def reference_row(setup: Setup, data, kernel: str) -> Row:
+    from distrl.config import ModelConfig, ReferenceConfig
+    from distrl.workers.reference import ReferenceWorker
+
+    reference = ReferenceWorker(ReferenceConfig(dtype="bfloat16", micro_batch_size=setup.micro, kernels=kernel),
+                                ModelConfig(path=setup.directory), temperature=1.0, num_gpus=1)
+    seconds, gib, syncs = timed(lambda: reference.logprobs(data.sequences), setup.steps)
+    return Row(setup.shape, f"reference forward {kernel}", seconds, gib, syncs)
+
+
+@contextlib.contextmanager
+def _freed(what: str, shape: str, emit: Callable[[Row], None]):
+    """Run a variant; out of memory is a row of the table, not the end of the run; free the GPU after."""
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        emit(Row(shape, what, note=f"out of memory ({str(e).splitlines()[0][:80]})"))
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def run(seqs: int = 16, prompt: int = 256, response: int = 768, micro: int = 4, steps: int = 5,
+        checkpointing: bool = False, fsdp: bool = False, shape: str = "0.5B",
+        kernels: tuple[str, ...] = ("plain",)) -> dict[str, Row]:
+    """The rows of one shape by what they measure (`run_shape`, after the table's header)."""
     if not torch.cuda.is_available():
         raise SystemExit("bench_gpu_step: CUDA is not available")
-    with tempfile.TemporaryDirectory() as tmp:
-        directory = Path(tmp)
-        total_params, layer_params = write_model(directory)
-        cfg = LearnerConfig(dtype="bfloat16", micro_batch_size=micro, lr=1e-6, gradient_checkpointing=checkpointing,
-                            strategy=FSDPStrategy() if fsdp else ReplicateStrategy())
-        learner = Learner(ModelConfig(path=str(directory)), cfg, LossConfig(), temperature=1.0, norm_len=response,
-                          mini_batch_size=seqs, total_optimizer_steps=steps + 2, seed=0, num_gpus=1)
-        if fsdp:
-            learner.connect("127.0.0.1", dist.free_port("127.0.0.1"), 0, 1)
-        data = make_batch(seqs, prompt, response, QWEN25_05B["vocab_size"])
-        try:
-            for _ in range(2):
-                learner.update(data)
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            times = []
-            for _ in range(steps):
-                start = time.perf_counter()
-                learner.update(data)
-                torch.cuda.synchronize()
-                times.append(time.perf_counter() - start)
-        finally:
-            if fsdp:
-                learner.close()
-    seconds = sorted(times)[len(times) // 2]
-    tokens = seqs * (prompt + response)
-    flops = step_flops(QWEN25_05B, layer_params, [prompt + response] * seqs, seqs * response)
-    name = torch.cuda.get_device_name()
-    peak = peak_tflops(name)
-    figures: dict[str, float | str | None] = {
-        "device": name, "params_M": total_params / 1e6, "strategy": "fsdp" if fsdp else "replicate",
-        "checkpointing": str(checkpointing), "tokens_per_step": tokens, "s_per_step": seconds,
-        "tokens_per_s": tokens / seconds, "peak_memory_GiB": torch.cuda.max_memory_allocated() / 2**30,
-        "model_TFLOPs_per_s": flops.total / seconds / 1e12, "peak_bf16_TFLOPs": peak,
-        "mfu": flops.total / seconds / 1e12 / peak if peak else None,
-    }
-    print("bench_gpu_step: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                         for k, v in figures.items()), flush=True)
-    return figures
+    print(f"bench_gpu_step: {torch.cuda.get_device_name()}, torch {torch.__version__}, peak bf16 "
+          f"{peak_tflops(torch.cuda.get_device_name())} TFLOP/s\n{HEADER}", flush=True)
+    rows = run_shape(shape, seqs, micro, prompt, response, list(kernels), steps, checkpointing=checkpointing,
+                     fsdp=fsdp)
+    return {row.what.split(" (")[0].split(",")[0]: row for row in rows}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seqs", type=int, default=16)
+    parser.add_argument("--shapes", default="0.5B,1.5B,3B", help=f"comma-separated, of {', '.join(SHAPES)}")
+    parser.add_argument("--seqs", type=int, default=64)
+    parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--response", type=int, default=768)
-    parser.add_argument("--micro", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--kernels", default="plain,liger,compile")
+    parser.add_argument("--budget", default=None, help="add a distrl row with this max_tokens_per_micro_batch")
+    parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--checkpointing", action="store_true")
-    parser.add_argument("--fsdp", action="store_true")
+    parser.add_argument("--fsdp", action="store_true", help="distrl's learner as FSDP over one rank")
+    parser.add_argument("--offload", action="store_true", help="with --fsdp: parameters and AdamW state on the CPU")
+    parser.add_argument("--no-hand", action="store_true", help="skip the hand-written step (e.g. 7B on one GPU)")
     args = parser.parse_args()
-    run(args.seqs, args.prompt, args.response, args.micro, args.steps, args.checkpointing, args.fsdp)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gpu_step: CUDA is not available")
+    print(f"bench_gpu_step: {torch.cuda.get_device_name()}, torch {torch.__version__}, peak bf16 "
+          f"{peak_tflops(torch.cuda.get_device_name())} TFLOP/s; {args.seqs} sequences of {args.prompt} + "
+          f"{args.response} tokens\n{HEADER}", flush=True)
+    budget = None if args.budget is None else (args.budget if args.budget == "auto" else int(args.budget))
+    for shape in args.shapes.split(","):
+        run_shape(shape, args.seqs, args.micro, args.prompt, args.response, args.kernels.split(","), args.steps,
+                  budget, args.checkpointing, args.fsdp, args.offload, hand=not args.no_hand)
 
 
 if __name__ == "__main__":

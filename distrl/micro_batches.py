@@ -4,11 +4,12 @@ Two policies, both returning row-index groups so that a caller can reassemble pe
 order (`out[group] = f(batch.select(group))`):
 
 - a fixed count (`micro_batch_size` consecutive rows), today's behaviour;
-- a token budget (`max_tokens`): rows are packed by first-fit decreasing on their real-token counts, so every
-  micro-batch holds at most `max_tokens` tokens (a longer row goes alone). First-fit decreasing is used because a
-  packed forward pass costs about its token count: the fewer, fuller micro-batches it makes (never more than
-  11/9 of the fewest possible, plus one), the fewer passes and the larger their matrix products, and it is
-  deterministic (ties keep row order).
+- a token budget (`max_tokens`): every micro-batch holds at most `max_tokens` real tokens (a longer row goes
+  alone), in as few micro-batches as first-fit decreasing finds (never more than 11/9 of the fewest possible,
+  plus one), then balanced: the rows dealt again, longest first, to the micro-batch with the fewest tokens. A
+  packed forward pass costs about its token count, so few, full micro-batches make few passes with large matrix
+  products, and balanced ones no small last pass; a batch of short responses runs in few large passes. The
+  partition is deterministic (ties keep row order).
 
 The loss of each micro-batch is divided by global token and sequence counts, so any partition of the rows gives
 the same total loss and gradient: the choice only changes speed and memory.
@@ -34,22 +35,40 @@ def fixed_count(num_rows: int, micro_batch_size: int) -> list[list[int]]:
 
 
 def token_budget(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """First-fit decreasing: groups of rows whose `lengths` (real tokens per row) add up to at most `max_tokens`;
-    a row longer than `max_tokens` is a group of its own. Groups are listed in the order they were opened (the
-    first holds the longest row), rows in each group in ascending order."""
+    """Groups of rows whose `lengths` (real tokens per row) add up to at most `max_tokens` (a row longer than that
+    is a group of its own), as few as first-fit decreasing finds, then balanced: the rows dealt again, longest
+    first, each to the group with the fewest tokens so far, over that many groups or the fewest more that keep
+    every group within the budget (`balanced`). Groups are listed longest first, rows in each in ascending order."""
     if max_tokens <= 0:
         raise ValueError(f"max_tokens_per_micro_batch must be > 0, got {max_tokens}")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: equal lengths keep row order
-    groups: list[list[int]] = []
     loads: list[int] = []
-    for i in order:
+    for i in order:  # first-fit decreasing: how many groups the budget needs
         slot = next((g for g, load in enumerate(loads) if load + lengths[i] <= max_tokens), None)
         if slot is None:
-            groups.append([i])
             loads.append(lengths[i])
         else:
-            groups[slot].append(i)
             loads[slot] += lengths[i]
+    limit = max(max_tokens, max(lengths, default=0))  # a longer row goes alone
+    for count in range(len(loads), len(lengths) + 1):
+        groups = balanced(lengths, count)
+        if all(sum(lengths[i] for i in g) <= limit for g in groups):
+            return groups
+    raise AssertionError("one row per group always keeps within the budget")
+
+
+def balanced(lengths: Sequence[int], count: int) -> list[list[int]]:
+    """`count` groups of rows with about equal token sums: rows dealt longest first, each to the group with the
+    fewest tokens so far (the first such group on ties; Graham's LPT rule, within 4/3 of the best largest sum).
+    Groups listed by their longest row, longest first; rows in each group in ascending order; no empty group when
+    there are at least `count` rows."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = [[] for _ in range(min(count, len(lengths)))]
+    loads = [0] * len(groups)
+    for i in order:
+        g = loads.index(min(loads))
+        groups[g].append(i)
+        loads[g] += lengths[i]
     return [sorted(g) for g in groups]
 
 

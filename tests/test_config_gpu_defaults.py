@@ -90,3 +90,26 @@ def test_in_hybrid_mode_the_engine_and_reference_follow_the_learners_devices():
                             "cluster": {"colocate": "hybrid", "learner": {"num_gpus": 1}}})
     assert cfg.reference.dtype == "bfloat16" and cfg.rollout.enforce_eager is False
     assert cfg.cluster.reference.num_gpus == 0  # not placed: the hybrid actor hosts the reference
+
+
+def test_with_gpus_roles_take_liger_kernels_and_an_automatic_token_budget(tmp_path):
+    cfg = load(tmp_path, GPUS, KL)
+    assert (cfg.learner.kernels, cfg.reference.kernels) == ("liger", "liger")
+    assert cfg.learner.max_tokens_per_micro_batch == cfg.reference.max_tokens_per_micro_batch == "auto"
+    cpu = load(tmp_path, KL)
+    assert (cpu.learner.kernels, cpu.reference.kernels) == ("plain", "plain")
+    assert cpu.learner.max_tokens_per_micro_batch is None and cpu.reference.max_tokens_per_micro_batch is None
+
+
+def test_a_config_that_sizes_its_micro_batches_keeps_them(tmp_path):
+    cfg = load(tmp_path, GPUS, {"learner": {"micro_batch_size": 2, "kernels": "compile"}})
+    assert cfg.learner.max_tokens_per_micro_batch is None and cfg.learner.kernels == "compile"
+    cfg = load(tmp_path, GPUS, {"learner": {"max_tokens_per_micro_batch": 4096}})
+    assert cfg.learner.max_tokens_per_micro_batch == 4096
+
+
+def test_fused_kernels_on_a_cpu_role_are_refused_by_field(tmp_path):
+    with pytest.raises(ValueError, match=r"learner.kernels 'liger' needs a GPU.*cluster.learner.num_gpus is 0"):
+        load(tmp_path, {"learner": {"kernels": "liger"}})
+    with pytest.raises(ValueError, match=r"max_tokens_per_micro_batch"):
+        load(tmp_path, {"learner": {"max_tokens_per_micro_batch": "many"}})

@@ -8,6 +8,12 @@ from pydantic import Field, model_validator
 
 from distrl.config.base import Dtype, Section, Variants, refuse_moved
 
+TokenBudget = Annotated[int, Field(gt=0)] | Literal["auto"] | None
+"""A micro-batch token budget: a number of tokens, `auto` (from the device's memory and the model), or null."""
+
+Kernels = Literal["plain", "liger", "compile"]
+"""`learner.kernels`, `critic.kernels`, `reference.kernels` (`distrl.workers.kernels`)."""
+
 
 class ConstantSchedule(Section):
     type: Literal["constant"] = "constant"
@@ -125,11 +131,18 @@ class LearnerConfig(Section):
     """Sequences per optimizer step, across all learners; null means the whole step batch (one step per epoch)."""
     micro_batch_size: int = Field(default=4, gt=0)
     """Sequences per forward/backward pass on one learner (when `max_tokens_per_micro_batch` is null)."""
-    max_tokens_per_micro_batch: int | None = Field(default=None, gt=0)
+    max_tokens_per_micro_batch: TokenBudget = None
     """Token budget of one forward/backward pass on one learner: sequences (prompt + response tokens, no padding)
-    are packed by first-fit decreasing into micro-batches of at most this many tokens; a longer sequence goes
-    alone. The loss stays exactly the full mini-batch's (global normalisation), whatever the partition. Null:
-    fixed micro-batches of `micro_batch_size` sequences."""
+    go into as few micro-batches of at most this many tokens as first-fit decreasing finds, balanced longest first
+    (a longer sequence goes alone). The loss stays exactly the full mini-batch's (global normalisation), whatever
+    the partition. `auto`: the most tokens whose activations fit in the GPU's free memory beside the weights,
+    gradients and AdamW state, from the model's shape (`distrl.workers.token_budget`; 8192 on the CPU). Null: fixed
+    micro-batches of `micro_batch_size` sequences. Left out with `micro_batch_size` left out too, it is `auto` when
+    the role has GPUs."""
+    kernels: Kernels = "plain"
+    """Kernels for the model's elementwise work (`distrl.workers.kernels`): `plain` (transformers' modules), `liger`
+    (liger-kernel's fused RMSNorm, rotary embedding and SwiGLU; the `kernels` extra) or `compile` (`torch.compile`
+    of each decoder layer). `liger` and `compile` need a GPU. Left out, it is `liger` when the role has GPUs."""
     max_consecutive_nonfinite: int = Field(default=3, gt=0)
     """Optimizer steps with a non-finite loss or grad norm are skipped; this many in a row stop the run."""
     lora: LoraConfig | None = None
@@ -173,7 +186,12 @@ class ReferenceConfig(Section):
     (`cluster.reference.num_gpus` > 0, given or defaulted to the learners'), else float32."""
     micro_batch_size: int = Field(default=8, gt=0)
     """Sequences per reference forward pass (when `max_tokens_per_micro_batch` is null)."""
-    max_tokens_per_micro_batch: int | None = Field(default=None, gt=0)
-    """Token budget of one reference forward pass: sequences (prompt + response tokens, no padding) are packed by
-    first-fit decreasing into micro-batches of at most this many tokens; a longer sequence goes alone. Null: fixed
-    micro-batches of `micro_batch_size` sequences."""
+    max_tokens_per_micro_batch: TokenBudget = None
+    """Token budget of one reference forward pass: sequences (prompt + response tokens, no padding) go into as few
+    balanced micro-batches of at most this many tokens as first-fit decreasing finds; a longer sequence goes alone.
+    `auto`: from the GPU's free memory and the model's shape (no gradients: far more than a learner's). Null: fixed
+    micro-batches of `micro_batch_size` sequences. Left out with `micro_batch_size` left out too, it is `auto` when
+    the reference has GPUs."""
+    kernels: Kernels = "plain"
+    """Kernels of the reference's forward pass: `plain`, `liger` or `compile`, as `learner.kernels`. Left out, it is
+    `liger` when the reference has GPUs."""

@@ -166,6 +166,11 @@ class Config(Section):
           stay float32; on a GPU float32 matmuls run many times slower). On the CPU float32, the exact reference.
         - `rollout.enforce_eager`: false for engines with GPUs (CUDA graphs and torch.compile: slower start-up, much
           faster decoding); true on the CPU, whose vLLM build runs eagerly.
+        - `learner.max_tokens_per_micro_batch`, `critic...`, `reference...`: `auto` for a role with GPUs whose config
+          sets neither it nor `micro_batch_size` (micro-batches by a token budget that follows the model's size and
+          the GPU's memory, resolved on the role's GPU: docs/learner-performance.md); fixed counts on the CPU.
+        - `learner.kernels`, `critic.kernels`, `reference.kernels`: `liger` for a role with GPUs (fused RMSNorm,
+          rotary embedding and SwiGLU; `plain` on the CPU, where the Triton kernels do not run).
 
         In hybrid mode the engine and the reference run on the learners' devices (`cluster.learner`).
         """
@@ -176,12 +181,29 @@ class Config(Section):
             cluster.reference.num_gpus = cluster.learner.num_gpus
         for section, role in ((self.learner, cluster.learner), (self.critic, cluster.critic),
                               (self.reference, cluster.learner if hybrid else cluster.reference)):
-            if section is not None and role.num_gpus > 0 and "dtype" not in section.model_fields_set:
+            if section is None or role.num_gpus <= 0:
+                continue
+            if "dtype" not in section.model_fields_set:
                 section.dtype = "bfloat16"
+            if "kernels" not in section.model_fields_set:
+                section.kernels = "liger"
+            if not {"max_tokens_per_micro_batch", "micro_batch_size"} & section.model_fields_set:
+                section.max_tokens_per_micro_batch = "auto"
         engines = cluster.learner if hybrid else cluster.rollout
         if engines.num_gpus > 0 and "enforce_eager" not in self.rollout.model_fields_set:
             self.rollout.enforce_eager = False
         return self
+
+    def _kernel_problems(self) -> list[str]:
+        """Fused kernels asked for a role that runs on the CPU (they are CUDA's)."""
+        hybrid = self.cluster.hybrid_mode
+        roles = (("learner", self.learner, self.cluster.learner), ("critic", self.critic, self.cluster.critic),
+                 ("reference", self.reference if self.needs_reference else None,
+                  self.cluster.learner if hybrid else self.cluster.reference))
+        return [f"{name}.kernels '{section.kernels}' needs a GPU, and the {name} runs on the CPU "
+                f"(cluster.{'learner' if hybrid and name == 'reference' else name}.num_gpus is 0): set "
+                f"{name}.kernels: plain" for name, section, role in roles
+                if section is not None and section.kernels != "plain" and role.num_gpus <= 0]
 
     @model_validator(mode="after")
     def _held_out_is_held_out(self) -> Config:
@@ -217,6 +239,7 @@ class Config(Section):
         errors += self._critic_problems()
         errors += self._hybrid_problems()
         errors += self._lora_problems()
+        errors += self._kernel_problems()
         batch, mini = self.global_batch_size, self.mini_batch_size
         learners, micro = self.cluster.learner.num_actors, self.learner.micro_batch_size
         if batch % mini:

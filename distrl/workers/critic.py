@@ -21,6 +21,7 @@ from distrl.types.batches import Sequences, TrainBatch
 from distrl.workers import dist, sharding
 from distrl.workers.device import granted_device, to_device
 from distrl.workers.hf_export import HFExport
+from distrl.workers.kernels import apply_kernels
 from distrl.workers.model import DTYPES, packed_inputs, resolve_model_path, tokenizer_path
 from distrl.workers.packed_attention import PACKED_ATTENTION
 from distrl.workers.packing import Layout, host_layout
@@ -98,7 +99,7 @@ class Critic:
             self._build(load_value_model(model, cfg.path, self.device, seed))
 
     def _build(self, value_model: torch.nn.Module) -> None:
-        self.model = value_model
+        self.model = apply_kernels(value_model, self.cfg.kernels, self.device, "critic.kernels")
         self.trainer = Trainer(self.model, self.cfg, self.total_optimizer_steps, self.device, self.mini_batch_size,
                                self.strategy, role="critic")
 

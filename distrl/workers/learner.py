@@ -22,6 +22,7 @@ from distrl.workers import dist, export, fingerprint, lora, nccl
 from distrl.workers.device import granted_device, to_device
 from distrl.workers.fingerprint import Fingerprint
 from distrl.workers.hf_export import HFExport
+from distrl.workers.kernels import apply_kernels
 from distrl.workers.model import DTYPES, response_logprobs, score_in_micro_batches, tokenizer_path
 from distrl.workers.packing import Layout
 from distrl.workers.strategy import make_strategy
@@ -52,7 +53,8 @@ class Learner:
         self.updates = 0  # the policy version of these weights: updates applied since step 0
 
     def _build(self) -> None:
-        self.model = self.strategy.build(self.model_cfg)
+        self.model = apply_kernels(self.strategy.build(self.model_cfg), self.cfg.kernels, self.device,
+                                   "learner.kernels")
         self.trainer = Trainer(self.model, self.cfg, self.total_optimizer_steps, self.device, self.mini_batch_size,
                                self.strategy, role="learner")
 

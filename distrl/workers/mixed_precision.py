@@ -20,6 +20,8 @@ from collections.abc import Iterator
 
 import torch
 
+from distrl.workers.kernels import decoder_layers
+
 Slot = tuple[torch.nn.Module, str, torch.nn.Parameter]
 """A weight: the module that holds it, its name there, the float32 master."""
 
@@ -29,7 +31,7 @@ class CastOncePerForward:
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
         self.dtype = dtype
-        layers = _layers(model)
+        layers = decoder_layers(model)
         inside = {id(m) for layer in layers for m in layer.modules()}
         units = [(layer, list(_slots(layer.modules()))) for layer in layers]
         units.append((model, list(_slots(m for m in model.modules() if id(m) not in inside))))
@@ -59,15 +61,6 @@ class CastOncePerForward:
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
-
-
-def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's decoder layers (the classes its `_no_split_modules` names), outermost first; none for a model
-    that names none (its weights are then all cast by the model's own hooks)."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    base = getattr(model, "get_base_model", lambda: model)()  # a peft model names them on its base
-    names |= set(getattr(base, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names]
 
 
 def _slots(modules: Iterator[torch.nn.Module]) -> Iterator[Slot]:

@@ -31,6 +31,7 @@ from distrl.workers.hf_export import HFExport
 from distrl.workers.optim import build_optimizer
 from distrl.workers.packing import Layout, host_layout
 from distrl.workers.strategy import Replicated
+from distrl.workers.token_budget import auto_token_budget
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,11 @@ class Trainer:
             model.config.use_cache = False  # type: ignore[union-attr]
         model.train()
         self.params = [p for p in model.parameters() if p.requires_grad]
+        budget = cfg.max_tokens_per_micro_batch
+        self.token_budget: int | None = budget if budget != "auto" else auto_token_budget(
+            model, device, training=True, checkpointing=cfg.gradient_checkpointing,
+            field=f"{role}.max_tokens_per_micro_batch")
+        """Tokens of one forward pass (`max_tokens_per_micro_batch`, `auto` resolved), None for fixed counts."""
         self.optimizer, self.scheduler = build_optimizer(model, cfg, total_optimizer_steps, device)
         self.optimizer_steps = 0
         self.skipped_steps = 0
@@ -196,11 +202,6 @@ class Trainer:
         groups = micro_batches(lengths, self.cfg.micro_batch_size, budget)
         need = self.strategy.lockstep(len(groups))
         return groups if need == len(groups) else micro_batches(lengths, self.cfg.micro_batch_size, budget, need)
-
-    @property
-    def token_budget(self) -> int | None:
-        """Tokens of one forward pass (`max_tokens_per_micro_batch`), None for fixed micro-batches."""
-        return self.cfg.max_tokens_per_micro_batch
 
     def _skip(self, grad_norm: float) -> None:
         self.skipped_steps += 1

@@ -1,0 +1,46 @@
+"""`max_tokens_per_micro_batch: auto` (`distrl.workers.token_budget`): the bytes a token costs, worked by hand for
+Qwen2.5-0.5B's shape, and the budget from a GPU's free memory (its report faked on the CPU); 8192 on the CPU."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from distrl.workers import token_budget
+from distrl.workers.token_budget import CPU_TOKENS, auto_token_budget, bytes_per_token
+
+QWEN05 = SimpleNamespace(hidden_size=896, intermediate_size=4864, num_hidden_layers=24)
+
+
+def test_bytes_per_token_by_hand():
+    layer = (24 * 896 + 10 * 4864) * 1.25  # 70,144 bytes per layer x 1.25 = 87,680
+    assert bytes_per_token(QWEN05, training=True, checkpointing=False) == pytest.approx(24 * layer)  # 2.10 MB
+    assert bytes_per_token(QWEN05, training=True, checkpointing=True) == pytest.approx(24 * 2 * 896 + layer)
+    assert bytes_per_token(QWEN05, training=False, checkpointing=False) == pytest.approx(2 * layer)
+
+
+class Model(torch.nn.Module):
+    def __init__(self, params: int):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(params))
+        self.config = QWEN05
+
+
+def test_the_budget_is_the_free_memory_left_over_per_token(monkeypatch):
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (40 * gib, 80 * gib))
+    # 1e6 parameters: 12 + 2 bytes each = 14 MB planned; margin 0.08 x 80 GiB + 2 GiB = 8.4 GiB.
+    free = 40 * gib - 14e6 - (0.08 * 80 * gib + 2 * gib)
+    expected = int(free / bytes_per_token(QWEN05, True, False))
+    # (40 - 8.4) GiB - 14 MB = 33.92e9 bytes over 24 x 87,680 = 2.104e6 bytes a token: 16,117 tokens.
+    assert auto_token_budget(Model(10**6), "cuda", training=True) == expected == 16_117
+    assert auto_token_budget(Model(10**6), "cuda", training=False) == token_budget.MAX_TOKENS  # capped
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (9 * gib, 80 * gib))
+    with pytest.raises(ValueError, match=r"critic.max_tokens_per_micro_batch 'auto'.*fewer than 512 tokens"):
+        auto_token_budget(Model(10**6), "cuda", training=True, field="critic.max_tokens_per_micro_batch")
+
+
+def test_on_the_cpu_auto_is_a_fixed_budget():
+    assert auto_token_budget(Model(10), "cpu", training=True) == CPU_TOKENS == 8192
