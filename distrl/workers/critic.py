@@ -141,7 +141,7 @@ class Critic:
                     micro = seqs.select(index)
                     out[to_device(index, self.device)] = response_values(self.model, micro,
                                                                          host_layout(micro).to(self.device))
-            return out.cpu() * (seqs.response_mask != 0)
+            return out.cpu().masked_fill(seqs.response_mask == 0, 0.0)
         finally:
             self.model.train()
 

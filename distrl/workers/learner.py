@@ -103,7 +103,7 @@ class Learner:
                 count = len(self.trainer.micro_batches(seqs))  # in lockstep with the other learners
                 t = self.temperature if temperature is None else temperature
                 return score_in_micro_batches(self.model, seqs, t, self.cfg.micro_batch_size,
-                                              self.trainer.token_budget, count)
+                                              self.trainer.token_budget, count, self.device)
         finally:
             self.model.train()
 

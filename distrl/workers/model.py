@@ -193,15 +193,16 @@ def unpack(values: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def score_in_micro_batches(model, batch: Sequences, temperature: float, micro_batch_size: int,
-                           max_tokens: int | None = None, min_count: int = 1) -> torch.Tensor:
+                           max_tokens: int | None = None, min_count: int = 1,
+                           device: str | torch.device | None = None) -> torch.Tensor:
     """`response_logprobs` without gradients over micro-batches (`distrl.micro_batches.micro_batches`: by the
-    token budget `max_tokens` when set, else `micro_batch_size` rows each), for `model` on `device`: `[B, T]`
-    float32 on CPU, 0 on padding, rows in the batch's order. `batch` stays on the host (a device batch is brought
-    back once): each micro-batch's layout is made there and moved to the device without a wait, and the log-probs
-    come back in one copy at the end."""
+    token budget `max_tokens` when set, else `micro_batch_size` rows each), for `model` computing on `device`
+    (default: where its first parameter is): `[B, T]` float32 on CPU, 0 on padding, rows in the batch's order.
+    `batch` stays on the host (a device batch is brought back once): each micro-batch's layout is made there and
+    moved to the device without a wait, and the log-probs come back in one copy at the end."""
     if batch.input_ids.device.type != "cpu":
         batch = batch.to("cpu")
-    device = next(model.parameters()).device
+    device = device or next(model.parameters()).device
     out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=device)
     lengths = batch.attention_mask.numpy().sum(-1).tolist()
     for rows in micro_batches(lengths, micro_batch_size, max_tokens, min_count):

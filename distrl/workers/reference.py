@@ -30,4 +30,4 @@ class ReferenceWorker:
     def logprobs(self, sequences: Sequences) -> torch.Tensor:
         """`[B, T]` float32 on the CPU, 0 on padding: the batch (kept on the host) scored in micro-batches."""
         return score_in_micro_batches(self.model, sequences, self.temperature, self.cfg.micro_batch_size,
-                                      self.token_budget)
+                                      self.token_budget, device=self.device)

@@ -156,17 +156,17 @@ class Trainer:
             index = torch.from_numpy(rows[micro_rows]).long()  # empty for a micro-batch added for lockstep
             layout = host_layout(batch.sequences.select(index)).to(self.device)
             with self.precision:
-                loss, figs = objective(self.model, _rows_on(batch, index, self.device), counts, layout)
+                loss, part = objective(self.model, _rows_on(batch, index, self.device), counts, layout)
             nonfinite |= ~torch.isfinite(loss.detach())
             loss.backward()
-            parts.append(figs)
+            parts.append(part)
             part_tokens.append(float(mask[rows[micro_rows]].sum()))
         self.strategy.reduce_grads(self.params)
         keys = list(parts[0])
         sums = [key for key in keys if parts[0][key][1] is Merge.SUM]
         # Summed over the group, a loss term is the step's own figure, the same on every learner.
-        reduced = dist.all_reduce_(torch.stack([nonfinite.double(), *(sum(p[k][0] for p in parts).double()
-                                                                     for k in sums)]))
+        reduced = dist.all_reduce_(torch.stack([nonfinite.double(), *(torch.stack([p[k][0] for p in parts]).double()
+                                                                     .sum() for k in sums)]))
         grad_norm = self.strategy.clip(self.params, self.cfg.max_grad_norm)
         read = torch.cat([reduced, grad_norm.double().view(1),
                           *(torch.stack([p[k][0].double() for k in keys]) for p in parts)]).tolist()  # the wait
@@ -240,9 +240,13 @@ class Trainer:
 def _rows_on(batch: TrainBatch, index: torch.Tensor, device: str) -> TrainBatch:
     """Rows `index` of `batch` (on the host) on `device`, copied without a wait (`to_device`), mini-batch labels
     left behind."""
-    def move(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else to_device(x[index], device)
+    def move(x: torch.Tensor) -> torch.Tensor:
+        return to_device(x[index], device)
+
+    def maybe(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else move(x)
 
     seqs = Sequences(**{f.name: move(getattr(batch.sequences, f.name)) for f in fields(Sequences)})
-    return TrainBatch(seqs, **{f.name: move(getattr(batch, f.name)) for f in fields(TrainBatch)
-                               if f.name not in ("sequences", "mini_batch")})
+    return TrainBatch(seqs, old_logprobs=maybe(batch.old_logprobs), advantages=move(batch.advantages),
+                      ref_logprobs=maybe(batch.ref_logprobs), old_values=maybe(batch.old_values),
+                      returns=maybe(batch.returns))
