@@ -18,6 +18,16 @@ def test_the_benchmarks_model_has_qwen25_05bs_parameter_count():
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
+@pytest.mark.parametrize(("shape", "count"), [("1.5B", 1_543_714_304), ("3B", 3_085_938_688),
+                                              ("7B", 7_615_616_512)])
+def test_the_larger_shapes_have_qwen25s_parameter_counts(shape, count):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(Qwen2Config(**load_bench().SHAPES[shape]))
+    assert sum(p.numel() for p in model.parameters()) == count  # the published models' counts
+
+
 def test_step_flops_count_layers_head_and_causal_attention():
     bench = load_bench()
     config = {"hidden_size": 4, "num_hidden_layers": 2, "vocab_size": 10}
