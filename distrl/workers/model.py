@@ -76,8 +76,10 @@ def load_causal_lm(cfg: ModelConfig, dtype: str, path: str | None = None, device
     return model.to(device).eval()
 
 
-def padded_response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False):
-    """`response_logprobs` on the padded batch `[B, P+T]` (log-probs of padding positions are left as computed).
+def padded_response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False,
+                             layout: Layout | None = None):
+    """`response_logprobs` on the padded batch `[B, P+T]` (log-probs of padding positions are left as computed;
+    `layout`, the packed pass's, is not needed, and taken so that either pass can stand in for the other).
 
     Positions are counted from the first real token, so left padding of the prompt does not shift them.
     The logits that predict response token t sit at sequence position P - 1 + t.
