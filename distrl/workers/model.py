@@ -1,10 +1,10 @@
 """Loading the policy / reference model and tokenizer with transformers, and the one forward pass both score with.
 
 The forward pass returns the log-probs of the response tokens of `Sequences` after temperature scaling (the
-same scaling vLLM applied when sampling), computed by `distrl.algo.token_logprobs` so the `[B, T, V]` float32
-log-softmax is never materialised. It runs on the sequences packed into one row, without padding
-(`response_logprobs`), so the model's attention must keep them apart: models are loaded with distrl's
-`PACKED_ATTENTION`. `padded_response_logprobs` is the padded forward pass it replaced, kept as the reference that
+same scaling vLLM applied when sampling), computed with the LM head in chunks by `distrl.algo.linear_logprobs`, so
+no `[K, V]` logits are ever made. It runs on the sequences packed into one row, without padding
+(`response_logprobs`, from a layout made on the host: `distrl.workers.packing`), so the model's attention must keep
+them apart: models are loaded with distrl's `PACKED_ATTENTION`. `padded_response_logprobs` is the padded forward pass it replaced, kept as the reference that
 packing is tested against and the baseline of `bench/bench_learner_step.py`.
 """
 
@@ -186,11 +186,6 @@ LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", 
 def logit_transforms(config) -> list[str]:
     """The fields of `config` by which its model transforms the head's logits (none for Llama, Qwen2, Mistral)."""
     return [name for name in LOGIT_TRANSFORMS if getattr(config, name, None) not in (None, 1, 1.0)]
-
-
-def unpack(values: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
-    """`[K]` values of the response tokens into the padded layout `[B, T]`, 0 elsewhere (differentiable)."""
-    return values.new_zeros(response.shape).masked_scatter(response, values)
 
 
 @torch.no_grad()
