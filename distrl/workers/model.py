@@ -4,8 +4,9 @@ The forward pass returns the log-probs of the response tokens of `Sequences` aft
 same scaling vLLM applied when sampling), computed with the LM head in chunks by `distrl.algo.linear_logprobs`, so
 no `[K, V]` logits are ever made. It runs on the sequences packed into one row, without padding
 (`response_logprobs`, from a layout made on the host: `distrl.workers.packing`), so the model's attention must keep
-them apart: models are loaded with distrl's `PACKED_ATTENTION`. `padded_response_logprobs` is the padded forward pass it replaced, kept as the reference that
-packing is tested against and the baseline of `bench/bench_learner_step.py`.
+them apart: models are loaded with distrl's `PACKED_ATTENTION`. `padded_response_logprobs` is the padded forward
+pass it replaced, kept as the reference that packing is tested against and the baseline of
+`bench/bench_learner_step.py`.
 """
 
 from __future__ import annotations
