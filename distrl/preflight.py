@@ -212,7 +212,7 @@ def _data(data: DataConfig, tokenizer, problems: list[str]) -> None:
         problems.append(f"{err.field}: {err}")
         return
     if needs_template and tokenizer is not None and tokenizer.chat_template is None:
-        problems.append(f"data.chat_template: prompts in {data.path} need a chat template (chat messages, "
+        problems.append(f"data.chat_template: prompts in {data.source} need a chat template (chat messages, "
                         f"data.chat_template 'always', or data.system_prompt) and the tokenizer has none; use "
                         f"plain-string prompts with data.chat_template 'auto' or 'never'")
 

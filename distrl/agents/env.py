@@ -11,11 +11,14 @@ generates for other episodes. The model's turn arrives decoded and with its tool
 tool-call format (`env.tool_parser`); the environment answers with chat messages (`{"role": "tool", "content":
 ...}` for tool results, `{"role": "user", ...}` for its own words), which distrl renders through the chat template
 and appends to the trajectory as tokens the model is given, not trained on. The episode's reward is the sum of its
-steps' rewards (None counts as 0): an outcome reward is the last step's.
+steps' rewards (None counts as 0): an outcome reward is the last step's. An environment that holds something
+beyond the episode (a connection, a server session, a task) may also have `def close(self) -> None`, called once
+when the episode ends, however it ends; it must not raise.
 
 Smaller than SkyRL-gym's `BaseTextEnv` (no string observations to re-tokenize, no per-env max-turn logic: the
 budgets are distrl's), verl's `AgentLoopBase` (distrl owns the generation loop) and verifiers' environments (no
-rubric classes): two coroutines and four small types.
+rubric classes): two coroutines and four small types. Environments written for those standards run through
+the adapters of `distrl.standards`.
 """
 
 from __future__ import annotations
@@ -73,13 +76,16 @@ class Turn:
 @dataclass(frozen=True)
 class Step:
     """The environment's answer to a turn: the observation `messages` appended after it (ignored when `done`), a
-    `reward` (None: no reward this step), `done` (the episode is over), and how many of the turn's tool calls
-    failed (`tool_errors`, for the step's `agent/tool_errors` figure)."""
+    `reward` (None: no reward this step), `done` (the episode is over), how many of the turn's tool calls failed
+    (`tool_errors`, for the step's `agent/tool_errors` figure), and figures on the episode by name (`metrics`:
+    the components of a rubric, a Gym environment's info; a later step's value of a name replaces an earlier
+    one), logged per training step as `env/<name>`."""
 
     messages: list[dict[str, Any]] = field(default_factory=list)
     reward: float | None = None
     done: bool = False
     tool_errors: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -58,11 +58,13 @@ class _Progress:
     cut: str | None = None
     finish: str = "length"
     texts: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def episode(self, template_drift: bool) -> Episode:
         return Episode(turns=self.turns, tool_calls=self.tool_calls, tool_errors=self.tool_errors,
                        parse_errors=self.parse_errors, env_wait_s=self.env_wait_s, engine_s=self.engine_s,
-                       reward=self.reward, cut=self.cut, drift=self.drift, template_drift=template_drift)
+                       reward=self.reward, cut=self.cut, drift=self.drift, template_drift=template_drift,
+                       metrics=dict(self.metrics))
 
 
 def as_rollouts(episodes: list[list[EpisodeResult]], groups: list[int], n: int, version: int) -> Rollouts:
@@ -218,6 +220,7 @@ class EpisodeRunner:
             progress.env_wait_s += time.perf_counter() - began
         progress.reward += step.reward or 0.0
         progress.tool_errors += step.tool_errors
+        progress.metrics.update(step.metrics)
         if step.done:
             return True
         # A turn cut at rollout.sampling.max_new_tokens did not write its end-of-turn token: the template's is

@@ -18,6 +18,8 @@ def episode_metrics(rollouts: Rollouts) -> dict[str, float]:
     drift counters: `agent/retokenization_drift`, tokens where a
     trajectory differs from what the engine was given and sampled (0 unless distrl has a bug), and
     `agent/template_drift_frac`, episodes that rendering their messages anew would have tokenized otherwise.
+    `env/<name>` is the mean of each figure the environments reported by name (`Episode.metrics`) over the
+    episodes that reported it.
 
     Figures are per episode: an episode trained as several sequences (`Episode.segment`) counts once, by its
     segment-0 row, which carries its figures. `agent/sequences_per_episode` is the mean number of sequences an
@@ -41,4 +43,7 @@ def episode_metrics(rollouts: Rollouts) -> dict[str, float]:
         "agent/template_drift_frac": statistics.fmean(e.template_drift for e in episodes),
     }
     out.update({f"agent/cut/{reason}": float(sum(e.cut == reason for e in episodes)) for reason in CUTS})
+    names = sorted({name for e in episodes for name in e.metrics})
+    out.update({f"env/{name}": statistics.fmean(e.metrics[name] for e in episodes if name in e.metrics)
+                for name in names})
     return out

@@ -71,8 +71,13 @@ class EnvHost:
         return await self._call(env.step(turn), episode, "step", Step)
 
     def end(self, episode: str) -> None:
-        """Drop episode `episode`'s environment (it may never have started)."""
-        self.envs.pop(episode, None)
+        """Drop episode `episode`'s environment (it may never have started), calling its `close()` if it has one:
+        an environment that holds a connection, a session on a server or a task of its own releases it there,
+        however the episode ended (done, cut by a budget, timed out, failed)."""
+        env = self.envs.pop(episode, None)
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
 
     async def _call(self, call: Awaitable[T], episode: str, method: str, expected: type) -> T:
         began = time.perf_counter()

@@ -23,11 +23,19 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    path: str = Field(min_length=1)
+    path: str | None = Field(default=None, min_length=1)
     """Where the prompts are, as `datasets.load_dataset` takes it: a JSON-lines file (`.jsonl`, `.json`; read line by
     line, so that errors name `file:line`), a `.parquet` or `.csv` file, a glob of such files (`data/*.parquet`), a
     directory in the hub's layout or one saved with `save_to_disk`, or a hub name (`openai/gsm8k`), resolved
-    through the Hugging Face cache: downloaded once, or with `HF_HUB_OFFLINE=1` read from the cache alone."""
+    through the Hugging Face cache: downloaded once, or with `HF_HUB_OFFLINE=1` read from the cache alone. Give
+    this or `function`."""
+    function: str | None = Field(default=None, min_length=1)
+    """Or a function that makes the rows, `package.module:function` called with `kwargs`, returning an iterable of
+    dicts: a procedural generator (`distrl.standards.reasoning_gym:rows`), an environment's own data set
+    (`distrl.standards.verifiers:rows`), or seeds for environments that make their own prompts
+    (`distrl.standards:seeds`). See docs/environments.md."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of `function`."""
     subset: str | None = None
     """The data set's configuration (`datasets`' `name`, e.g. `main` of `openai/gsm8k`); null: its only one."""
     split: str | None = None
@@ -71,6 +79,25 @@ class DataConfig(Section):
             raise ValueError(f"{prompt!r} has braces but names no column: write a column name, or a template with "
                              f"fields such as {{question}} ({{{{ and }}}} are literal braces)")
         return prompt
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        if (self.path is None) == (self.function is None):
+            raise ValueError("give exactly one of data.path (files, a directory or a hub name) and data.function "
+                             "(a function that makes the rows)")
+        if self.function is not None:
+            hub_only = [k for k in ("subset", "split", "revision") if getattr(self, k) is not None]
+            if hub_only:
+                raise ValueError(f"data.{hub_only[0]} is for data.path; rows made by data.function take their "
+                                 f"settings in data.kwargs")
+        elif self.kwargs:
+            raise ValueError("data.kwargs are the arguments of data.function; data.path takes none")
+        return self
+
+    @property
+    def source(self) -> str:
+        """The source as the messages name it: the path, or the function."""
+        return self.path or f"{self.function}"
 
     @model_validator(mode="after")
     def _system_prompt_needs_a_template(self) -> DataConfig:

@@ -207,9 +207,12 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _held_out_is_held_out(self) -> Config:
-        source = ("path", "subset", "split", "revision")
+        source = ("path", "function", "kwargs", "subset", "split", "revision")
         for i, s in enumerate(self.eval.sets if self.eval is not None else []):
             if all(getattr(s, k) == getattr(self.data, k) for k in source):
+                if s.function is not None:
+                    raise ValueError(f"eval.sets[{i}] ({s.name}) makes the training data ({s.function} with the "
+                                     f"same kwargs): give it its own kwargs (another seed)")
                 raise ValueError(f"eval.sets[{i}] ({s.name}) reads the training data ({s.path}, split "
                                  f"{s.split or 'train'}): give it its own split or path")
         return self

@@ -202,7 +202,7 @@ def load_prompts(cfg: DataConfig, tokenizer) -> tuple[list[Prompt], DataStats]:
     stats = DataStats(rows=len(samples), kept=len(prompts), dropped=len(samples) - len(prompts),
                       longest=max((len(p.prompt_ids) for p in prompts), default=0))
     if not prompts:
-        raise DataError(f"{cfg.path}: no prompts left: {stats.rows} rows read, {stats.dropped} longer than "
+        raise DataError(f"{cfg.source}: no prompts left: {stats.rows} rows read, {stats.dropped} longer than "
                         f"data.max_prompt_tokens ({cfg.max_prompt_tokens})")
     return prompts, stats
 
@@ -222,5 +222,5 @@ def check_rows(cfg: DataConfig, tokenizer=None, rendered: int = RENDERED_IN_CHEC
                 _apply_template(tokenizer, prompt, where, cfg.chat_template)
         rows += 1
     if not rows:
-        raise DataError(f"{cfg.path} holds no rows")
+        raise DataError(f"{cfg.source} holds no rows")
     return rows, needs_template > 0

@@ -43,8 +43,12 @@ def read_rows(cfg: DataConfig) -> Iterator[tuple[str, Any]]:
     JSON-lines files, else `file: row i` or `source split: row i` (0-based).
 
     `cfg.path` is, in this order: a local file; a local directory (saved with `save_to_disk`, else in the hub's
-    layout); a glob of local files; a hub name, resolved through the Hugging Face cache (`distrl.hub`).
+    layout); a glob of local files; a hub name, resolved through the Hugging Face cache (`distrl.hub`). Or
+    `cfg.function` makes the rows (`function: row i`).
     """
+    if cfg.function is not None:
+        return _function_rows(cfg.function, cfg.kwargs)
+    assert cfg.path is not None  # DataConfig holds exactly one of path and function
     path = Path(cfg.path).expanduser()
     is_glob = any(c in cfg.path for c in GLOB_CHARS)
     hub = not path.exists() and not is_glob and is_hub_name(cfg.path, FILE_SUFFIXES)
@@ -67,6 +71,25 @@ def read_rows(cfg: DataConfig) -> Iterator[tuple[str, Any]]:
     if not files[0].exists():
         raise DataError(f"{cfg.path} does not exist{_relative_note(cfg.path)}")
     return _files(files, cfg)
+
+
+def _function_rows(spec: str, kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """The rows that `data.function` makes with `data.kwargs`."""
+    from distrl.imports import import_spec
+
+    try:
+        fn = import_spec(spec, "data function", "function", "distrl.standards.reasoning_gym:rows")
+    except ValueError as err:
+        raise DataError(str(err), "data.function") from err
+    try:
+        rows = fn(**kwargs)
+    # The function is the user's (or a standard's generator, whose configs `assert` their bounds): what it raises
+    # on its arguments is a problem with data.kwargs.
+    except (TypeError, ValueError, KeyError, AssertionError, ImportError) as err:
+        raise DataError(f"{spec}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}) failed: "
+                        f"{type(err).__name__}: {_one_line(err)}", "data.kwargs") from err
+    for i, row in enumerate(rows):
+        yield f"{spec}: row {i}", row
 
 
 def _files(files: list[Path], cfg: DataConfig) -> Iterator[tuple[str, Any]]:

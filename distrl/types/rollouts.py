@@ -13,7 +13,7 @@ model's turns with the environment's observations (and the chat template's token
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from itertools import pairwise
 
 
@@ -40,6 +40,9 @@ class Episode:
                      sequences: contiguous rows of its group, segments 0, 1, 2, ... The segment-0 row carries the
                      episode's figures (turns ... template_drift); later segments carry zeros for them; every row
                      carries the episode's `reward`.
+    metrics          figures the environment reported on the episode by name (a verifiers rubric's components, a
+                     Gym environment's info), logged per step as `env/<name>` (their mean over the episodes that
+                     report each)
     """
 
     turns: int = 1
@@ -54,6 +57,7 @@ class Episode:
     drift: int = 0
     template_drift: bool = False
     segment: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
