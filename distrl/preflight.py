@@ -7,7 +7,8 @@
 - the data: its source resolves (a hub name through the Hugging Face cache, honouring `HF_HUB_OFFLINE`), every row
   parses and holds a usable prompt, answer and reward columns (`data.check_rows`), and the tokenizer has a chat
   template if some prompt needs one, which renders the first of them;
-- the reward function imports;
+- the reward function imports; every adapter to another standard that the config names (`distrl.standards`) has
+  its package installed, else the line says which `pip install` brings it;
 - the run directory can be made and written, and `run.resume` / `run.overwrite` fit what is already there;
 - on the embedded cluster, the roles' CPUs and GPUs fit this machine.
 
@@ -58,13 +59,15 @@ def check(cfg: Config, training: bool = True) -> None:
     (`distrl eval`), what only a training run needs (its data, run directory and cluster) is left out."""
     problems: list[str] = []
     tokenizer = _model(cfg, problems)
-    if training:
+    absent = _standards(cfg, problems)
+    if training and "data" not in absent:
         _data(cfg.data, tokenizer, problems)
     if cfg.env is None:
         _reward(cfg.reward, problems)
     else:
         _env(cfg.env, problems)
-    _eval(cfg, problems)
+    if "eval" not in absent:
+        _eval(cfg, problems)
     if training:
         _run_dir(cfg.run, problems)
         _resources(cfg, problems)
@@ -203,6 +206,21 @@ def _long_context_allowed(cfg: Config) -> bool:
 
 
 # ------------------------------------------------------------------------------------------ data, reward, outputs
+def _standards(cfg: Config, problems: list[str]) -> set[str]:
+    """Adapters to other standards (`distrl.standards`) that the config names and whose package is not installed,
+    one line each with the pip line; returns the sections naming one (their rows are not read then: each would
+    fail on the same missing package)."""
+    from distrl.standards import missing
+
+    absent = set()
+    for name, section in (("data", cfg.data), ("env", cfg.env), ("reward", cfg.reward), ("eval", cfg.eval)):
+        lines = missing(section.model_dump(by_alias=True), name) if section is not None else []
+        if lines:
+            absent.add(name)
+            problems.extend(lines)
+    return absent
+
+
 def _data(data: DataConfig, tokenizer, problems: list[str]) -> None:
     """Every row holds the prompt's columns (or `data.prompt`'s template fills), the answer and the reward columns;
     the first prompts that need the chat template render with it."""

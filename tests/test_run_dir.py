@@ -302,3 +302,15 @@ def test_agent_figures_count_each_episode_once():
     assert m["agent/tool_calls"] == 3.0 and m["agent/env_wait_s"] == 2.0
     assert m["agent/cut_frac"] == 0.5 and m["agent/cut/max_turns"] == 1.0
     assert m["agent/sequences_per_episode"] == 2.0 and m["agent/non_continuations"] == 2.0
+
+
+def test_an_environments_figures_are_means_over_the_episodes_that_report_them():
+    batch = segmented_batch()
+    episodes = list(batch.rollouts.episodes)
+    episodes[0] = replace(episodes[0], metrics={"correct": 1.0, "calls": 2.0})
+    episodes[1] = replace(episodes[1], metrics={"correct": 7.0})  # a later segment: its figures are its first's
+    episodes[3] = replace(episodes[3], metrics={"correct": 0.0})
+    m = episode_metrics(replace(batch.rollouts, episodes=episodes))
+    # correct: episodes 1.0 and 0.0; calls: only the first episode reports it.
+    assert (m["env/correct"], m["env/calls"]) == (0.5, 2.0)
+    assert not any(k.startswith("env/") for k in episode_metrics(batch.rollouts))

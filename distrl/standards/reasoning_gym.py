@@ -31,7 +31,7 @@ def _tasks(tasks: str | list[str | dict[str, Any]]) -> list[dict[str, Any]]:
     """`tasks` as `[{"name", "weight", "config"}]`: a name, or a list of names and `{name, weight, config}`."""
     out = []
     for task in [tasks] if isinstance(tasks, str) else tasks:
-        spec = {"name": task} if isinstance(task, str) else dict(task)
+        spec: dict[str, Any] = {"name": task} if isinstance(task, str) else dict(task)
         unknown = set(spec) - {"name", "weight", "config"}
         if "name" not in spec or unknown:
             raise ValueError(f"a task is a name or {{name, weight, config}}, got {task!r}")

@@ -94,6 +94,18 @@ def rows(env_id: str, env_args: dict[str, Any] | None = None, split: str = "trai
     return out
 
 
+def _http_module() -> Any:
+    """The HTTP library the installed OpenAI client is built on (`httpx`, or `httpx2` from openai 3 on): the
+    transport answers with its responses."""
+    import importlib
+
+    import openai
+
+    base = next(c for c in openai.DefaultAsyncHttpxClient.__mro__
+                if c.__name__ == "AsyncClient" and not c.__module__.startswith("openai"))
+    return importlib.import_module(base.__module__.split(".")[0])
+
+
 class _Turns:
     """The transport under the episode's OpenAI client: each chat completion verifiers asks for waits until
     distrl answers it with the episode's next turn (`reply`)."""
@@ -102,8 +114,7 @@ class _Turns:
         self.requests: asyncio.Queue[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = asyncio.Queue()
 
     async def handle_async_request(self, request: Any) -> Any:
-        import httpx
-
+        httpx = _http_module()
         body = json.loads(await request.aread())
         refused = ([f"'{name}'" for name in UNSERVED if body.get(name) is not None]
                    + (["'n' > 1"] if (body.get("n") or 1) > 1 else [])
@@ -180,10 +191,9 @@ class VerifiersEnv:
             self.rollout.cancel()
 
     async def _play(self, rollout_input: dict[str, Any]) -> Any:
-        import httpx
         import openai
 
-        http = httpx.AsyncClient(transport=self.turns, base_url="http://distrl.episode/v1")  # type: ignore[arg-type]  # an httpx transport by protocol
+        http = openai.DefaultAsyncHttpxClient(transport=self.turns)  # type: ignore[arg-type]  # a transport by protocol
         async with openai.AsyncOpenAI(base_url="http://distrl.episode/v1", api_key="distrl", max_retries=0,
                                       http_client=http) as client:
             return await self.env.run_rollout(rollout_input, client, MODEL, {})

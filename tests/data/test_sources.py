@@ -177,3 +177,26 @@ def test_data_module_does_not_import_torch_or_transformers():
             "print(sorted(m for m in ('torch', 'transformers', 'pyarrow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def numbered_rows(count: int, broken_at: int | None = None) -> list[dict]:
+    """A data function (`tests.data.test_sources:numbered_rows`): `count` rows, one without a prompt at
+    `broken_at`."""
+    return [{"answer": str(i)} if i == broken_at else {"prompt": f"say {i}", "answer": str(i)} for i in range(count)]
+
+
+def test_rows_made_by_a_function_load_as_a_files_rows_do(tokenizer):
+    from distrl.config import DataConfig
+
+    spec = "tests.data.test_sources:numbered_rows"
+    prompts, stats = load_prompts(DataConfig(function=spec, kwargs={"count": 3}), tokenizer)
+    assert [p.text for p in prompts] == ["say 0", "say 1", "say 2"] and stats.rows == 3
+    assert [p.answer for p in prompts] == ["0", "1", "2"]
+    with pytest.raises(DataError, match=rf"{spec}: row 1: no prompt field 'prompt'"):
+        check_rows(DataConfig(function=spec, kwargs={"count": 3, "broken_at": 1}))
+    with pytest.raises(DataError, match=r"numbered_rows\(size=3\) failed: TypeError") as err:
+        check_rows(DataConfig(function=spec, kwargs={"size": 3}))
+    assert err.value.field == "data.kwargs"
+    with pytest.raises(DataError, match="has no attribute 'nope'") as err:
+        check_rows(DataConfig(function="tests.data.test_sources:nope"))
+    assert err.value.field == "data.function"
