@@ -308,7 +308,6 @@ def test_a_role_given_more_gpus_than_it_uses_is_warned_about(tmp_path):
                                                "loss.kl.coef=0.1"])
 
 
-<<<<<<< HEAD
 # -------------------------------------------------------------------------- where roles run (issue 28)
 def test_roles_take_labels_resources_and_a_gpu_model_in_rays_terms():
     cfg = config.load(ROOT / "configs" / "quickstart.yaml", [
@@ -353,7 +352,8 @@ def test_hybrid_actors_are_placed_by_the_learners_settings():
         config.load(ROOT / "configs" / "quickstart.yaml", ["cluster.colocate=hybrid",
                                                            "cluster.rollout.labels={pool: inference}"])
     assert "cluster.rollout.labels with cluster.colocate 'hybrid'" in str(err.value)
-=======
+
+
 def test_data_is_a_path_or_a_function_that_makes_the_rows():
     base = {"model": {"path": "m"}}
     fn = {"function": "distrl.standards.reasoning_gym:rows", "kwargs": {"tasks": "leg_counting", "seed": 1}}
@@ -368,4 +368,3 @@ def test_data_is_a_path_or_a_function_that_makes_the_rows():
         config.from_dict({**base, "data": fn, "eval": {"sets": [held_out]}})
     other_seed = {**held_out, "kwargs": {"tasks": "leg_counting", "seed": 2}}
     assert config.from_dict({**base, "data": fn, "eval": {"sets": [other_seed]}}).eval.sets[0].kwargs["seed"] == 2
->>>>>>> 5b7446e (distrl.standards: OpenEnv servers (a URL, or an app distrl serves on 127.0.0.1 per environment actor and restarts if it died) through OpenEnv's own clients, gem and skyrl-gym environments, several environments in one run (mixture); the preflight refuses a config naming a standard whose package is missing, with its pip line; tests with the real packages and scripted turns)

@@ -8,9 +8,10 @@ import asyncio
 from typing import Any
 
 from distrl.agents.chat import ChatRenderer
-from distrl.agents.episode import Budget, EpisodeResult, EpisodeRunner, Sampled
+from distrl.agents.episode import EpisodeRunner
 from distrl.agents.host import EnvHost
 from distrl.agents.tool_calls import ToolCallParser
+from distrl.agents.trajectory import Budget, EpisodeResult, Sampled
 
 BUDGET = Budget(max_turns=6, max_tokens=400, context=1024, max_new_tokens=100)
 
