@@ -5,13 +5,9 @@ client; a server distrl starts itself; and a server that dies or hangs ending it
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 
-import httpx
 import pytest
 
 from distrl.agents.host import EnvError
@@ -24,7 +20,6 @@ pytest.importorskip("openenv")
 
 APP = "tests.standards.openenv_words:app"
 SPEC = "distrl.standards.openenv:OpenEnv"
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -35,30 +30,16 @@ def tokenizer(tiny_model_dir):
     return load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
 
 
-def serve(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", APP, "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "warning"], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.2)
-    proc.kill()
-    pytest.fail("the OpenEnv server did not start")
-
-
 @pytest.fixture(scope="module")
 def server():
-    """One server for the module's tests (the last one kills it)."""
-    from tests.e2e.conftest import free_port
+    """The module's server, on 127.0.0.1: the one distrl serves `APP` with (`adapter.server`), started once and
+    shared by the tests; (its URL, its process). The last tests kill it."""
+    import asyncio
 
-    port = free_port()
-    proc = serve(port)
-    yield f"http://127.0.0.1:{port}", proc
-    proc.kill()
-    proc.wait()
+    served = adapter.server(APP)
+    asyncio.run(served.ready(120))
+    yield served.url, served.proc
+    adapter.server(APP).stop()
 
 
 def test_many_episodes_share_one_server_each_in_its_own_session(tokenizer, server):
@@ -86,25 +67,24 @@ def test_the_generic_client_shows_the_observation_as_json(tokenizer, server):
     assert '{"prompt": "Say the word river.", "said": ""}' in text
 
 
-def test_a_server_distrl_starts_serves_the_run_and_is_started_again_if_it_died(tokenizer):
-    kwargs = {"app": APP, "observation_field": "prompt", "sessions": 2}
-    first = play(tokenizer, SPEC, kwargs, seeds(3), ["apple"], tool_parser=None)
-    assert [r.episode.reward for r in first] == [2.0, 0.0, 0.0]
-    served = adapter.server(APP)
-    assert served.url.startswith("http://127.0.0.1:") and served.proc.poll() is None
-    served.proc.kill()
-    served.proc.wait()
-    again = play(tokenizer, SPEC, kwargs, seeds(1), ["apple"], tool_parser=None)
-    assert again[0].episode.reward == 2.0 and adapter.server(APP) is not served
-    adapter.server(APP).stop()
-
-
 def test_a_server_that_hangs_ends_the_episode_at_the_step_time_limit(tokenizer, server):
     url, _ = server
     began = time.monotonic()
     [result] = play(tokenizer, SPEC, {"url": url}, seeds(1), [SLOW_WORD], tool_parser=None, timeout_s=1.0)
     assert (result.episode.cut, result.episode.turns) == ("env_timeout", 1)
     assert time.monotonic() - began < 30
+
+
+def test_a_server_distrl_starts_serves_the_run_and_is_started_again_if_it_died(tokenizer, server):
+    kwargs = {"app": APP, "observation_field": "prompt", "sessions": 2}
+    first = play(tokenizer, SPEC, kwargs, seeds(3), ["apple"], tool_parser=None)
+    assert [r.episode.reward for r in first] == [2.0, 0.0, 0.0]
+    served = adapter.server(APP)
+    assert served.url == server[0] and served.url.startswith("http://127.0.0.1:") and served.proc.poll() is None
+    served.proc.kill()
+    served.proc.wait()
+    again = play(tokenizer, SPEC, kwargs, seeds(1), ["apple"], tool_parser=None)
+    assert again[0].episode.reward == 2.0 and adapter.server(APP) is not served
 
 
 def test_one_of_url_and_app():
@@ -114,10 +94,11 @@ def test_one_of_url_and_app():
         adapter.OpenEnv(url="http://127.0.0.1:1", app=APP)
 
 
-def test_a_server_that_dies_fails_its_episodes_under_on_error(tokenizer, server):  # last: kills the server
-    url, proc = server
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+def test_a_server_that_dies_fails_its_episodes_under_on_error(tokenizer):  # last: kills the server
+    served = adapter.server(APP)
+    url = served.url
+    served.proc.send_signal(signal.SIGKILL)
+    served.proc.wait()
     with pytest.raises(EnvError, match=r"OpenEnv.start failed in episode ep.0: ConnectionError"):
         play(tokenizer, SPEC, {"url": url}, seeds(1), ["apple"], tool_parser=None)
     [zero] = play(tokenizer, SPEC, {"url": url}, seeds(1), ["apple"], tool_parser=None, on_error="zero")
