@@ -157,11 +157,12 @@ class RunDir:
                     break
                 directory.rmdir()
 
-    def forget_after(self, step: int) -> None:
-        """Drop metrics rows after `step` (a resumed run logs those steps again)."""
+    def forget_after(self, step: int) -> list[dict[str, Any]]:
+        """Drop metrics rows after `step` (a resumed run logs those steps again); returns the rows kept."""
         path = self.path / "metrics.jsonl"
-        rows = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
-        path.write_text("".join(row + "\n" for row in rows))
+        kept = [(line, row) for line in path.read_text().splitlines() if (row := json.loads(line))["step"] <= step]
+        path.write_text("".join(line + "\n" for line, _ in kept))
+        return [row for _, row in kept]
 
     def progress(self, steps: Iterable[int]) -> Iterator[int]:
         """Iterate steps behind a progress bar (step, reward, tokens/s, ETA) when `run.progress` is set."""

@@ -261,12 +261,14 @@ def test_the_same_seed_gives_the_same_run_with_any_number_of_engines(tmp_path, t
 
 
 def test_a_resumed_run_gives_the_rows_of_the_uninterrupted_one(tmp_path, tiny_model_dir):
-    full = local_config(tmp_path / "full", tiny_model_dir)
+    watch = "run.reward_collapse.window=2"  # its figures after the resume come from the rows kept before it
+    full = local_config(tmp_path / "full", tiny_model_dir, watch)
     train(full, rollout_worker=HFRolloutWorker)
-    train(local_config(tmp_path / "cut", tiny_model_dir, "run.steps=2"), rollout_worker=HFRolloutWorker)
-    resumed = local_config(tmp_path / "cut", tiny_model_dir, "run.resume=true")
+    train(local_config(tmp_path / "cut", tiny_model_dir, watch, "run.steps=2"), rollout_worker=HFRolloutWorker)
+    resumed = local_config(tmp_path / "cut", tiny_model_dir, watch, "run.resume=true")
     train(resumed, rollout_worker=HFRolloutWorker)
     assert outcome(rows(resumed)) == outcome(rows(full))
+    assert all(r["health/reward_vs_best"] is not None for r in rows(full)[1:])
 
 
 @pytest.mark.parametrize("mini_batch,steps", [(8, [2, 4, 6]), (None, [1, 2, 3])])

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from distrl.config.base import Section
+from distrl.config.collapse import RewardCollapseConfig
 from distrl.config.trackers import MlflowConfig, WandbConfig
 
 # One plain path component: no separators, and no leading dot, so never `.`, `..` or a hidden directory.
@@ -42,6 +43,10 @@ class RunConfig(Section):
     to RUN_DIR/samples/step_<N>.jsonl and to TensorBoard's text tab, for a person to read; 0: never."""
     samples_per_write: int = Field(default=4, gt=0)
     """How many samples each such write holds (the step's first episodes)."""
+    reward_collapse: RewardCollapseConfig | None = Field(default_factory=RewardCollapseConfig)
+    """Warn, in the log and in every row's `health/reward_collapsed`, when the mean reward has fallen to a fraction
+    of its best and stayed there (a learning rate too large for the model, a reward hacked and then lost): the run
+    goes on, since only its owner can tell a collapse from a task that got harder. null: no watch."""
     ray_metrics: bool = True
     """Export every step's figures as Ray metrics (dashboard metrics view)."""
     progress: bool = True

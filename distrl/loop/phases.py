@@ -29,6 +29,7 @@ from distrl.data.stream import PromptStream
 from distrl.evaluation import write_samples
 from distrl.evaluator import Evaluator
 from distrl.metrics import BusyClock, PhaseTimer
+from distrl.reward_watch import RewardWatch
 from distrl.run_dir import RunDir
 from distrl.types.batches import Sequences, TrainBatch
 from distrl.types.prompt import Prompt
@@ -62,6 +63,7 @@ class Job:
     recoveries: int = 0  # from a checkpoint, in this run
     recovered: int = 0  # of them, those not yet reported in a row
     evaluator: Evaluator | None = None  # the held-out sets (`eval`)
+    reward_watch: RewardWatch | None = None  # `run.reward_collapse`, over the rows logged (`restore` makes it)
 
 
 
@@ -241,6 +243,11 @@ def end_step(job: Job, step: int, scored: ScoredRollouts, batch: TrainBatch, pro
     if job.roles.reference is not None:
         metrics["idle/reference"] = job.reference_clock.pop_idle()
     row = job.run.step_metrics(step, scored, metrics, sync, job.timer.pop(), job.data_stats)
+    if job.reward_watch is not None and (reward := row["reward/mean"]) is not None:
+        figures, warning = job.reward_watch.observe(reward)
+        row.update(figures)
+        if warning:
+            print(f"warning: step {step}: {warning}", flush=True)
     job.history.append({"step": step, **row})
     job.run.log(step, row)
     job.last_step = step

@@ -16,6 +16,7 @@ from distrl.cluster.group import ActorGroup
 from distrl.cluster.roles import Roles
 from distrl.loop.phases import Job
 from distrl.metrics import BusyClock
+from distrl.reward_watch import RewardWatch
 from distrl.run_dir import RunDir
 from distrl.workers.critic import Critic
 from distrl.workers.learner import Learner
@@ -113,7 +114,7 @@ def resume_point(run: RunDir) -> Path | None:
 
 def restore(found: Path | None, job: Job, roles: Roles) -> None:
     """Load checkpoint `found` (if any; the job is at its step) into every learner, every critic and the prompt
-    stream, and forget metrics rows logged after it."""
+    stream, forget metrics rows logged after it, and watch the reward from the rows kept."""
     if found:
         roles.backend.answer(roles.learner.map(Learner.load_checkpoint, str(found / "policy"), job.last_step),
                              f"the learners' load of {found}", job.cfg.cluster.call_timeout_s)
@@ -125,4 +126,6 @@ def restore(found: Path | None, job: Job, roles: Roles) -> None:
                                  f"the critics' load of {found}", job.cfg.cluster.call_timeout_s)
         job.stream.load_state_dict(checkpoint.driver_state(found)["data"])
         print(f"resumed from {found} (step {job.last_step})")
-    job.run.forget_after(job.last_step)
+    kept = job.run.forget_after(job.last_step)
+    watch = job.cfg.run.reward_collapse
+    job.reward_watch = RewardWatch(watch, (row["reward/mean"] for row in kept)) if watch is not None else None
