@@ -140,3 +140,71 @@ def test_at_the_lower_bound_a_replacement_takes_the_room_reserved_for_one_more_e
     assert p.engines.growing is None and placement.slots == 1
     p.next_batch(step=1)  # the replacement serves, then room for one more is reserved again
     assert p.engines.growing is not None and placement.slots == 2 and p.engines.counts.restarts == 0
+
+
+class Unreachable(LocalBackend):
+    """A local backend on which an engine's death reads as Ray's "cannot be reached" (its node lost, not yet
+    declared)."""
+
+    def unreachable(self, error: BaseException) -> bool:
+        return True
+
+
+class Declared(LocalGroup):
+    """A group whose cluster declares a worker dead only once `verdicts` says so, one answer per question."""
+
+    def __init__(self, *args, verdicts: list[bool], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.verdicts = verdicts
+
+    def declared_dead(self, index: int) -> bool:
+        return self.verdicts.pop(0)
+
+
+def test_an_unreachable_engine_is_replaced_only_once_ray_declares_it_dead():
+    """At min_actors: no replacement is sent to the lost node's bundle while Ray has not declared the engine dead
+    (it would die there too, a second death for one loss); pushes leave the engine out meanwhile."""
+    loaded: list[int] = []
+    group = Declared("rollout", Unreachable(), lambda i, incarnation: Echo(), 1, verdicts=[False, False, True])
+    p = producer(group, lambda i: loaded.append(i) or Done(0), fewest=1, most=1)
+    p.lost(0, 0, ActorLost("cannot be reached"))
+    assert p.starting() == {0} and group.incarnations == [0]  # waiting for the verdict
+    p.engines.poll()
+    p.engines.poll()
+    assert group.incarnations == [0] and loaded == []
+    p.engines.poll()  # declared dead: replaced, within the restart budget
+    assert group.incarnations == [1] and loaded == [0] and p.engines.counts.restarts == 1
+    assert not p.engines.unsure and p.lost(0, 0, ActorLost("the same death, reported again")) is None
+
+
+def test_an_engine_that_stays_unreachable_is_replaced_after_the_wait(monkeypatch):
+    from distrl.cluster import engines
+
+    monkeypatch.setattr(engines, "CONFIRM_S", 0.0)
+    group = Declared("rollout", Unreachable(), lambda i, incarnation: Echo(), 1, verdicts=[])
+    p = producer(group, lambda i: Done(0), fewest=1, most=1)
+    p.lost(0, 0, ActorLost("cannot be reached"))
+    p.engines.poll()  # no verdict asked: the wait is over
+    assert group.incarnations == [1] and not p.engines.unsure
+
+
+class UnreachablePending(Pending):
+    def unreachable(self, error: BaseException) -> bool:
+        return True
+
+
+def test_an_unreachable_engine_is_let_go_if_an_engine_joined_before_ray_declared_it_dead():
+    """At min_actors engine 0 cannot be reached; before Ray's verdict a node joins and the room reserved for a
+    second engine starts one there; when the verdict comes, the bounds allow letting engine 0 go: no replacement
+    waits for a node that the new engine has taken."""
+    placement = FakePlacement(1, placed=False)
+    group = Declared("rollout", UnreachablePending(), lambda i, incarnation: Echo(), 1, placement, verdicts=[True])
+    p = producer(group, lambda i: Done(0), fewest=1, most=2)
+    p.lost(0, 0, ActorLost("cannot be reached"))
+    assert p.engines.unsure and group.active() == [0]
+    placement.ready.value = None  # a node joins: Ray places the reservation
+    p._on_engines(p.engines.growing)
+    assert group.active() == [0, 1]
+    p.engines.poll()  # the verdict: dead
+    assert group.active() == [1] and placement.released == [0]
+    assert (p.engines.counts.retired, p.engines.counts.restarts, p.engines.counts.added) == (1, 0, 1)

@@ -86,6 +86,11 @@ class Backend(ABC):
     def lost(self, error: BaseException) -> bool:
         """Whether `error`, raised by `get`, means the worker's process is gone (rather than that the call raised)."""
 
+    def unreachable(self, error: BaseException) -> bool:
+        """Whether `error`, one that `lost` accepts, says only that the worker cannot be reached now: its node may be
+        lost, which the cluster has not declared yet, or cut off for a while."""
+        return False
+
     @abstractmethod
     def close(self) -> None:
         """Release what the backend itself started."""
@@ -207,6 +212,13 @@ class RayBackend(Backend):
         # RayActorError: the actor died (ActorDiedError) or cannot be reached (ActorUnavailableError); an exception
         # raised by the method itself arrives as RayTaskError instead.
         return isinstance(error, RayActorError | ActorLost)
+
+    def unreachable(self, error: BaseException) -> bool:
+        from ray.exceptions import ActorUnavailableError
+
+        # Ray raises it at once when a call's actor cannot be reached (its raylet is gone, or the network); its GCS
+        # declares the node dead only once the node's health checks have failed (about 15 s with Ray's defaults).
+        return isinstance(error, ActorUnavailableError)
 
     def close(self) -> None:
         import ray

@@ -6,7 +6,10 @@
   new one before it serves (again, if a push it was left out of made them newer meanwhile). At most
   `recovery.max_restarts` replacements of one engine within `recovery.window_s`; one more death ends the run with
   the engine's last error. A replacement that does not serve within `recovery.start_timeout_s` ends the run naming
-  the engine and where it may run (its placement may wait for a node that never comes back).
+  the engine and where it may run (its placement may wait for a node that never comes back). An engine that Ray
+  cannot reach (its node lost, which Ray declares only once the node's health checks have failed) is replaced once
+  Ray declares it dead, or after `CONFIRM_S`: a replacement sent to its bundle before then would be sent to the
+  lost node and die with it, a second death for one loss.
 - **Fewer engines.** While more than `cluster.rollout.min_actors` engines serve, a dead one is let go instead
   (its resources given back) and the others take its prompts.
 - **More engines.** While fewer than `cluster.rollout.max_actors` serve or start, one more waits for room: a
@@ -29,6 +32,10 @@ from distrl.cluster.capacity import where
 from distrl.cluster.group import ActorGroup
 from distrl.config import RecoveryConfig
 from distrl.workers.rollout import RolloutWorker
+
+CONFIRM_S = 60.0
+"""How long an engine Ray cannot reach waits to be declared dead before it is replaced anyway: about twice the time
+Ray's GCS takes, with its default health checks, to declare a lost node dead."""
 
 
 @dataclass
@@ -56,6 +63,8 @@ class Engines:
         self.loading: dict[Any, tuple[int, int, float]] = {}
         self.growing: Any = None  # the handle of the placement reserved for one more engine, until Ray places it
         self._deaths: dict[int, deque[float]] = {}
+        # engine -> (its error, when): unreachable, replaced once Ray declares it dead (`poll`)
+        self.unsure: dict[int, tuple[BaseException, float]] = {}
         self.counts = EngineCounts()
         self._grow()
 
@@ -71,9 +80,9 @@ class Engines:
         return handle in self.loading or (self.growing is not None and handle is self.growing)
 
     def starting(self) -> set[int]:
-        """Engines loading their first weights: pushes leave them out (they load the weights when they are
-        ready)."""
-        return {engine for engine, _, _ in self.loading.values()}
+        """Engines loading their first weights, and unreachable ones about to be replaced: pushes leave them out
+        (the new ones load the weights when they are ready)."""
+        return {engine for engine, _, _ in self.loading.values()} | set(self.unsure)
 
     def pop_counts(self) -> EngineCounts:
         counts, self.counts = self.counts, EngineCounts()
@@ -81,10 +90,14 @@ class Engines:
 
     def lost(self, engine: int, incarnation: int, error: BaseException) -> bool:
         """Engine `engine`, as it was at `incarnation`, is gone (`error`): let it go, or replace it, unless that was
-        done already (a chunk and a weight push can both report the same death). Returns whether it was done now."""
-        if incarnation != self.actors.incarnations[engine] or engine in self.actors.retired:
+        done already (a chunk and a weight push can both report the same death). Returns whether it was done now.
+
+        An engine Ray cannot reach (its node may be lost, not yet declared) is replaced once Ray declares it dead,
+        or after `CONFIRM_S` (`poll`): a replacement sent to its placement bundle before then would be sent to the
+        lost node and die with it."""
+        if incarnation != self.actors.incarnations[engine] or engine in self.actors.retired or engine in self.unsure:
             return False
-        name, r = self.actors.name(engine), self.recovery
+        name = self.actors.name(engine)
         if self.load_weights is None:
             raise RuntimeError(f"rollout actor {name} died, and it cannot be replaced alone: {self.unreplaceable}. "
                                f"Its error: {error}") from error
@@ -92,13 +105,37 @@ class Engines:
             if e == engine:
                 del self.loading[handle]
                 self.deadlines.pop(handle, None)
+        if len(self.actors.active()) <= self.fewest and self.actors.backend.unreachable(error):
+            self.unsure[engine] = (error, time.monotonic())
+            print(f"rollout actor {name} cannot be reached ({type(error).__name__}): replacing it once Ray declares "
+                  f"it dead (its node lost?), within {CONFIRM_S:g} s", flush=True)
+        else:
+            self._let_go_or_replace(engine, error)
+        return True
+
+    def poll(self) -> None:
+        """Deal with the unreachable engines Ray has declared dead since, or that stayed unreachable `CONFIRM_S`:
+        let go if an engine joined meanwhile, else replaced."""
+        for engine, (error, since) in list(self.unsure.items()):
+            if time.monotonic() - since > CONFIRM_S or self.actors.declared_dead(engine):
+                del self.unsure[engine]
+                self._let_go_or_replace(engine, error)
+
+    def _let_go_or_replace(self, engine: int, error: BaseException) -> None:
+        """Above `min_actors` let the dead `engine` go (its resources given back); at it, replace it."""
         if len(self.actors.active()) > self.fewest:
+            name = self.actors.name(engine)
             self.actors.retire(engine)
             self.counts.retired += 1
-            print(f"rollout actor {name} died ({type(error).__name__}); letting it go: "
-                  f"{len(self.actors.active())} engines serve, cluster.rollout.min_actors = {self.fewest}", flush=True)
+            print(f"rollout actor {name} died ({type(error).__name__}); letting it go, engines left: "
+                  f"{len(self.actors.active())} (cluster.rollout.min_actors = {self.fewest})", flush=True)
             self._grow()
-            return True
+        else:
+            self._replace(engine, error)
+
+    def _replace(self, engine: int, error: BaseException) -> None:
+        """Start a replacement of `engine` on its placement bundle, within the restart budget."""
+        name, r = self.actors.name(engine), self.recovery
         now = time.monotonic()
         deaths = self._deaths.setdefault(engine, deque())
         deaths.append(now)
@@ -119,7 +156,6 @@ class Engines:
         self.actors.restart(engine)
         self._load(engine, self.actors.incarnations[engine], time.perf_counter(), "replaced")
         self.counts.restarts += 1
-        return True
 
     def done(self, handle: Any, version: int) -> list[int]:
         """`handle` (one of `handles()`) is done; `version` is the newest pushed. Returns the engines that now

@@ -92,6 +92,11 @@ class ActorGroup(ABC, Generic[W]):
     def dead(self) -> list[int]:
         """The workers whose process is gone. A worker still busy with a call counts as alive."""
 
+    def declared_dead(self, index: int) -> bool:
+        """Whether the cluster has declared worker `index` dead (asked of one that could not be reached: its node
+        may be lost and not yet declared). A worker in this process that failed is gone."""
+        return True
+
     def lost(self, index: int, error: BaseException) -> bool:
         """Whether `error`, raised by a call to worker `index`, says that this worker's process is gone: not that
         the call raised, nor that another actor whose result it took died (learner 0, whose weights a push
@@ -164,6 +169,19 @@ class RayGroup(ActorGroup[W]):
                 except RayActorError:
                     gone.append(i)
         return gone
+
+    def declared_dead(self, index: int, timeout: float = 0.2) -> bool:
+        import ray
+        from ray.exceptions import ActorDiedError, GetTimeoutError
+
+        # Dead: its ping fails with ActorDiedError. Still unreachable (ActorUnavailableError), busy, or back: not yet.
+        try:
+            ray.get(self.workers[index].__ray_ready__.remote(), timeout=timeout)
+        except ActorDiedError:
+            return True
+        except (GetTimeoutError, ray.exceptions.ActorUnavailableError):
+            return False
+        return False
 
     def _names(self, index: int, error: BaseException) -> bool:
         actor_id = getattr(error, "actor_id", None)

@@ -91,6 +91,10 @@ class BatchStats:
                 "idle/rollout": self.rollout_idle}
 
 
+VERDICT_POLL_S = 1.0
+"""How often the producer asks whether Ray has declared an unreachable engine dead."""
+
+
 def default_chunk(prompts_per_step: int, actors: int, max_staleness: int, chunks_per_engine: int = 1) -> int:
     """Prompts per generation request when `rollout.chunk_prompts` is not set.
 
@@ -217,7 +221,7 @@ class Producer:
         else:
             self._idle_since.setdefault(actor, time.perf_counter())  # its time dead and restarting is rollout idle
         if self.redo:
-            print(f"{len(self.redo)} prompts of {self.actors.name(actor)}'s chunks go to the next chunks", flush=True)
+            print(f"{len(self.redo)} prompts lost with dead engines go first to the next chunks", flush=True)
 
     def lost_in_push(self, lost: dict[int, tuple[int, BaseException]]) -> None:
         """Replace the engines a weight push found dead (`SyncStats.lost`)."""
@@ -290,12 +294,17 @@ class Producer:
         `also` (returned, those of them that are done)."""
         self._admit()
         waiting = [*self.in_flight, *self.scoring, *self.engines.handles(), *also]
-        if not any(h not in self.engines.waiting_for_room() for h in waiting):  # a node may never join
+        # A node may never join; an unreachable engine is replaced once Ray declares it dead.
+        if not self.engines.unsure and not any(h not in self.engines.waiting_for_room() for h in waiting):
             raise RuntimeError("the producer has nothing in flight and no room to admit a chunk; the staleness "
                                "bound leaves no batch to generate")
         now = time.perf_counter()
-        done, _ = self.backend.wait(waiting, timeout=self._until_first_deadline(waiting, now))
+        timeout = self._until_first_deadline(waiting, now)
+        if self.engines.unsure:  # asked again every second
+            timeout = min(timeout if timeout is not None else VERDICT_POLL_S, VERDICT_POLL_S)
+        done, _ = self.backend.wait(waiting, timeout=timeout) if waiting else ([], [])
         self._raise_if_late(waiting, done, now if done else time.perf_counter())
+        self.engines.poll()
         for handle in done:
             self.deadlines.pop(handle, None)
             if handle in self.in_flight:
