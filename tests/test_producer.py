@@ -133,7 +133,7 @@ def test_work_done_in_time_but_collected_late_is_not_late():
     assert producer._step([done]) == [done]
     # Past its deadline, ready, but not among what one wait returned (a Ray wait returns one handle at a time).
     producer._due(done, time.perf_counter() - 1.0, "learner-0's update")
-    producer._raise_if_late([done, other], [other], time.perf_counter())
+    producer.deadlines.raise_if_late([done, other], [other], time.perf_counter())
 
 
 @pytest.mark.parametrize("prompts,actors,k,slots,chunk", [

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distrl.cluster.capacity import where
+from distrl.cluster.deadlines import Deadlines
 from distrl.cluster.group import ActorGroup
 from distrl.config import RecoveryConfig
 from distrl.workers.rollout import RolloutWorker
@@ -50,11 +51,11 @@ class EngineCounts:
 class Engines:
     """The lifecycle of the rollout engines of `actors`. `load_weights(i)` loads the learners' current weights into
     engine i and returns a handle resolving to the version it then serves (None: engines cannot be replaced,
-    `unreplaceable` says why). `deadlines` is the producer's table (handle -> (perf_counter deadline, message)),
-    where replacements get theirs. `fewest`, `most`: the bounds of the number of engines."""
+    `unreplaceable` says why). `deadlines` are the producer's, where replacements get theirs. `fewest`, `most`: the
+    bounds of the number of engines."""
 
     def __init__(self, actors: ActorGroup[RolloutWorker], *, load_weights: Callable[[int], Any] | None,
-                 unreplaceable: str, recovery: RecoveryConfig, deadlines: dict[Any, tuple[float, str]],
+                 unreplaceable: str, recovery: RecoveryConfig, deadlines: Deadlines,
                  fewest: int | None = None, most: int | None = None):
         self.actors, self.load_weights, self.unreplaceable = actors, load_weights, unreplaceable
         self.recovery, self.deadlines = recovery, deadlines
@@ -104,7 +105,7 @@ class Engines:
         for handle, (e, _, _) in list(self.loading.items()):  # a replacement that died starting
             if e == engine:
                 del self.loading[handle]
-                self.deadlines.pop(handle, None)
+                self.deadlines.pop(handle)
         if len(self.actors.active()) <= self.fewest and self.actors.backend.unreachable(error):
             self.unsure[engine] = (error, time.monotonic())
             print(f"rollout actor {name} cannot be reached ({type(error).__name__}): replacing it once Ray declares "
@@ -192,10 +193,10 @@ class Engines:
         limit = self.recovery.start_timeout_s
         placement = self.actors.placement
         needs = f" {where(placement.resources)}" if placement is not None else ""
-        self.deadlines[handle] = (since + limit, f"rollout actor {self.actors.name(engine)} does not serve within "
-                                  f"cluster.recovery.start_timeout_s = {limit:g} s of being {how}: its placement "
-                                  f"bundle may have no node to run on{needs} (a node lost and no other with room), "
-                                  f"or its engine hangs while starting")
+        self.deadlines.set(handle, since + limit, f"rollout actor {self.actors.name(engine)} does not serve within "
+                           f"cluster.recovery.start_timeout_s = {limit:g} s of being {how}: its placement bundle may "
+                           f"have no node to run on{needs} (a node lost and no other with room), or its engine hangs "
+                           f"while starting")
 
     def _grow(self) -> None:
         """Reserve room for one more engine if the bounds allow one and none is waiting for room already."""

@@ -29,7 +29,6 @@ not returned `call_timeout_s` after it was sent, or a replacement that does not 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distrl.cluster import rewards
+from distrl.cluster.batch_stats import BatchStats
+from distrl.cluster.deadlines import Deadlines
 from distrl.cluster.engines import Engines
 from distrl.cluster.group import ActorGroup
 from distrl.config import DynamicSamplingConfig, RecoveryConfig, RewardConfig
@@ -55,40 +56,6 @@ class _Chunk:
     scoring: list[Any] = field(default_factory=list)  # reward task handles, once generated
     left: set[Any] = field(default_factory=set)  # those not done yet
     rollouts: Any = None
-
-
-@dataclass
-class BatchStats:
-    """What producing one batch took: figures for the step's metrics row."""
-
-    dropped_stale: int = 0  # episodes (of dropped groups)
-    scored: int = 0  # episodes whose rewards came back, kept or not
-    reward_errors: int = 0  # of them, those whose reward function failed (scored 0 under on_error: zero)
-    last_reward_error: str | None = None
-    filtered_groups: int = 0
-    kept_groups: int = 0
-    cap_reached: int = 0
-    buffer_depth: int = 0
-    rollout_idle: float = 0.0
-    rollout_restarts: int = 0  # rollout actors replaced
-    rollout_retired: int = 0  # rollout actors let go after a death (above cluster.rollout.min_actors)
-    rollout_added: int = 0  # rollout actors started while the run went on (below cluster.rollout.max_actors)
-    engines: int | None = None  # rollout actors serving or starting when the batch was handed out (when their
-    # number may change: cluster.rollout.min_actors / max_actors)
-    redispatched_prompts: int = 0  # prompts whose chunk was lost with its actor and sent again
-
-    def metrics(self) -> dict[str, float]:
-        seen = self.kept_groups + self.filtered_groups
-        elastic = ({"rollout/engines": float(self.engines), "rollout/engines_added": float(self.rollout_added),
-                    "faults/rollout_retired": float(self.rollout_retired)} if self.engines is not None else {})
-        return {"reward/errors": float(self.reward_errors), "samples/dropped_stale": float(self.dropped_stale),
-                "faults/rollout_restarts": float(self.rollout_restarts), **elastic,
-                "faults/redispatched_prompts": float(self.redispatched_prompts),
-                "dynamic_sampling/filtered_groups": float(self.filtered_groups),
-                "dynamic_sampling/kept_frac": self.kept_groups / seen if seen else 1.0,
-                "dynamic_sampling/cap_reached": float(self.cap_reached),
-                "buffer/depth": float(self.buffer_depth),
-                "idle/rollout": self.rollout_idle}
 
 
 VERDICT_POLL_S = 1.0
@@ -131,7 +98,7 @@ class Producer:
         self.scoring: dict[Any, _Chunk] = {}  # reward task handle -> its chunk (generated, rewards pending)
         self.ready: list[ScoredRollouts] = []  # scored groups, one per prompt
         self.redo: deque[tuple[int, Prompt]] = deque()  # (ticket, prompt) of chunks lost with their actor
-        self.deadlines: dict[Any, tuple[float, str]] = {}  # handle waited for -> (perf_counter deadline, who is late)
+        self.deadlines = Deadlines(self.backend)
         fewest, most = engines or (len(actors), len(actors))
         self.engines = Engines(actors, load_weights=load_weights, unreplaceable=unreplaceable, recovery=recovery,
                                deadlines=self.deadlines, fewest=fewest, most=most)
@@ -247,22 +214,8 @@ class Producer:
 
     def _due(self, handle: Any, since: float, what: str) -> None:
         """`handle` (`what`, for the error) must be done `call_timeout_s` after `since`."""
-        self.deadlines[handle] = (since + self.call_timeout_s,
-                                  f"{what} has not returned within cluster.call_timeout_s = {self.call_timeout_s:g} s")
-
-    def _until_first_deadline(self, waiting: list[Any], now: float) -> float | None:
-        """Seconds from `now` until the earliest deadline among `waiting` (0 if one has passed; None: none)."""
-        due = [self.deadlines[h][0] for h in waiting if h in self.deadlines]
-        return max(0.0, min(due) - now) if due else None
-
-    def _raise_if_late(self, waiting: list[Any], done: list[Any], now: float) -> None:
-        """A handle past its deadline at `now` that is still not done is late. (One done in time but not yet
-        collected, because the driver was busy elsewhere or a wait returns one handle at a time, is not.)"""
-        for h in waiting:
-            if h in self.deadlines and self.deadlines[h][0] <= now and not any(h is d for d in done):
-                ready, _ = self.backend.wait([h], timeout=0)
-                if not ready:
-                    raise TimeoutError(self.deadlines[h][1])
+        self.deadlines.set(handle, since + self.call_timeout_s,
+                           f"{what} has not returned within cluster.call_timeout_s = {self.call_timeout_s:g} s")
 
     def _on_scored(self, chunk: _Chunk, scores: list[float], errors: int, last: str | None) -> None:
         """`chunk`'s samples are scored, `scores[i]` row i's (`errors` episodes failed in the reward function, the
@@ -299,14 +252,14 @@ class Producer:
             raise RuntimeError("the producer has nothing in flight and no room to admit a chunk; the staleness "
                                "bound leaves no batch to generate")
         now = time.perf_counter()
-        timeout = self._until_first_deadline(waiting, now)
+        timeout = self.deadlines.until_first(waiting, now)
         if self.engines.unsure:  # asked again every second
             timeout = min(timeout if timeout is not None else VERDICT_POLL_S, VERDICT_POLL_S)
         done, _ = self.backend.wait(waiting, timeout=timeout) if waiting else ([], [])
-        self._raise_if_late(waiting, done, now if done else time.perf_counter())
+        self.deadlines.raise_if_late(waiting, done, now if done else time.perf_counter())
         self.engines.poll()
         for handle in done:
-            self.deadlines.pop(handle, None)
+            self.deadlines.pop(handle)
             if handle in self.in_flight:
                 self._on_generated(handle)
             elif handle in self.engines:
@@ -377,10 +330,3 @@ class Producer:
         self._idle_time, self._period_start = 0.0, now
         self._idle_since = dict.fromkeys(self._idle_since, now)
         return idle / span if span > 0 else 0.0
-
-
-def staleness_metrics(versions: list[int], step: int) -> dict[str, float]:
-    """Staleness u - v of each sample of `step` (u = step - 1): mean, max and the off-policy fraction (> 0)."""
-    lags = [step - 1 - v for v in versions]
-    return {"staleness/mean": statistics.fmean(lags), "staleness/max": float(max(lags)),
-            "staleness/off_policy_frac": statistics.fmean(lag > 0 for lag in lags)}

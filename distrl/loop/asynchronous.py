@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distrl.batching import pad
-from distrl.cluster.producer import BatchStats
+from distrl.cluster.batch_stats import BatchStats
 from distrl.cluster.weight_sync import PendingSync
 from distrl.loop.phases import (
     Job,

@@ -20,8 +20,9 @@ from distrl import checkpoint, merging
 from distrl.algo import metrics_by_staleness
 from distrl.batching import advantages, gae_advantages
 from distrl.cluster import rewards
+from distrl.cluster.batch_stats import BatchStats, staleness_metrics
 from distrl.cluster.group import ActorGroup
-from distrl.cluster.producer import BatchStats, Producer, staleness_metrics
+from distrl.cluster.producer import Producer
 from distrl.cluster.roles import Roles
 from distrl.cluster.weight_sync import SyncStats
 from distrl.config import Config
