@@ -6,11 +6,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from distrl import config
+
+from .nodes import Nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,23 +38,29 @@ def quickstart(tmp_path: Path, *overrides: str) -> config.Config:
         *without_eval(overrides), *overrides])
 
 
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Nodes]:
+    """The session's Ray cluster, started once by the first test that needs it and stopped after the last: three
+    nodes on 127.0.0.1 (`tests/e2e/nodes.py`), token auth on, the dashboard on the head."""
+    with Nodes.start() as nodes:
+        yield nodes
+
+
 @pytest.fixture(scope="module")
-def ray_session():
-    """One local Ray cluster for a test module; `tests` importable by reward tasks (faulty_rewards)."""
+def ray_session(ray_cluster):
+    """This process connected to the session's cluster for a test module; `tests` importable by reward tasks
+    (faulty_rewards). Roles without labels land on whichever nodes have room, as on any cluster."""
     import ray
 
-    from distrl.cluster.backend import loopback_cluster
-
-    with loopback_cluster():  # on 127.0.0.1 only, with a token of its own: nothing written to HOME
-        ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-        yield
-        ray.shutdown()
+    ray.init(address=ray_cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    yield ray_cluster
+    ray.shutdown()
 
 
 def cli_env() -> dict[str, str]:
-    """Environment for subprocesses: this interpreter's bin first on PATH (distrl, ray), repo importable."""
-    env = dict(os.environ)
+    """Environment for subprocesses: this interpreter's bin first on PATH (distrl, ray), repo importable; without
+    the session cluster's token, as a user's shell would be."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(ROOT)
     return env

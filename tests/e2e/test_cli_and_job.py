@@ -1,8 +1,9 @@
 """The command line and Ray job paths: a bad config fails before any actor starts; SIGTERM finishes the step,
 checkpoints it and leaves no Ray process behind, nor does SIGKILL, after which a resume gives exactly the rows of
-a run that was never interrupted; `ray job submit` runs the
-quickstart against a local cluster that the test starts (token auth on, 127.0.0.1, its own HOME and temp dir) and
-stops, leaving any other cluster on the machine alone."""
+a run that was never interrupted; `ray start --head` as the docs say turns token auth on (a head the test starts on
+127.0.0.1, with its own HOME and temp dir, and stops, leaving any other cluster on the machine alone); `ray job
+submit` to the session's cluster of three nodes runs the quickstart with its roles on the nodes the config names,
+and the dashboard lists each node's actors."""
 
 import json
 import re
@@ -94,8 +95,8 @@ def http_status(url: str, token: str | None = None) -> int:
 
 @pytest.fixture
 def local_cluster(tmp_path):
-    """A head node of the test's own on 127.0.0.1 with token authentication on; yields (dashboard address, the
-    clients' environment, the token), then stops exactly that head's processes.
+    """A head node of the test's own on 127.0.0.1 with token authentication on, started as the docs say; yields
+    (dashboard address, the token), then stops exactly that head's processes.
 
     Nothing touches the real home directory: the subprocesses' HOME is tmp_path/home, where
     `ray get-auth-token --generate` writes the token. `ray start --head` turns token auth on only with
@@ -126,7 +127,7 @@ def local_cluster(tmp_path):
     address = f"http://127.0.0.1:{dash}"
     try:
         wait_for_jobs_api(head, address, token, agent, log)
-        yield address, env, token
+        yield address, token
     finally:
         stop_head(head, temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
@@ -169,16 +170,36 @@ def stop_head(head: subprocess.Popen, temp_dir: str) -> None:
         process.kill()
 
 
-def test_ray_job_submit_runs_quickstart(local_cluster, tmp_path):
-    address, env, token = local_cluster
+def test_ray_start_head_turns_token_auth_on(local_cluster, tmp_path):
+    address, token = local_cluster
     # Token authentication is really on: the jobs API refuses a request without the token.
-    assert http_status(f"{address}/api/jobs/") == 401
+    assert http_status(f"{address}/api/jobs/") == 401 and http_status(f"{address}/api/jobs/", token) == 200
     assert (tmp_path / "home" / ".ray" / "auth_token").read_text().strip() == token
-    cmd = ["ray", "job", "submit", "--address", address, "--working-dir", ".", "--",
-           "distrl", "train", "--config", "configs/quickstart.yaml", "--set", "run.steps=2",
-           "--set", f"run.output_dir={tmp_path}", "--set", "run.progress=false"]
+
+
+def test_ray_job_submit_runs_quickstart_on_the_nodes_the_config_names(ray_session, tmp_path):
+    """The job's driver joins the cluster it was submitted to; its roles go where their labels say; the run
+    directory is an absolute path, which every node of this host sees (on several machines: storage every node
+    mounts)."""
+    nodes = ray_session
+    env = {**cli_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": nodes.token}
+    assert http_status(f"{nodes.dashboard}/api/jobs/") == 401
+    cmd = ["ray", "job", "submit", "--address", nodes.dashboard, "--working-dir", ".", "--",
+           sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
+           "--set", "run.steps=2", "--set", "run.name=job", "--set", f"run.output_dir={tmp_path}",
+           "--set", "run.progress=false", "--set", "eval=null",
+           "--set", "cluster.rollout.labels={pool: inference}", "--set", "cluster.learner.labels={pool: train}",
+           "--set", "cluster.reference.labels={pool: head}"]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     assert "succeeded" in result.stdout
-    rows = [json.loads(line) for line in (tmp_path / "quickstart" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+    # The dashboard (its state API, with the token) lists the job's actors, each on the node its role names.
+    request = urllib.request.Request(f"{nodes.dashboard}/api/v0/actors?limit=10000&detail=1",
+                                     headers={"Authorization": f"Bearer {nodes.token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        listed = json.load(response)["data"]["result"]["result"]
+    where = {a["name"].rsplit("/", 1)[1]: a["node_id"] for a in listed if a.get("name", "").startswith("distrl/job/")}
+    assert where == {"rollout-0": nodes.named["inference"].node_id, "learner-0": nodes.named["train"].node_id,
+                     "reference-0": nodes.named["head"].node_id}

@@ -1,7 +1,8 @@
-"""`make monitor` against a real run: deploy/monitoring/start.sh starts Prometheus from the shipped config, which
-finds the Ray cluster through the service-discovery file that Ray's dashboard writes; PromQL then reads distrl's
-figures back as metrics.jsonl has them, every panel of the Grafana dashboard that can have data has it, and the
-Ray dashboard reports that Prometheus as up.
+"""`make monitor` against a real run on the session's cluster of three nodes: deploy/monitoring/start.sh starts
+Prometheus from the shipped config, which finds every node of the Ray cluster through the service-discovery file
+that Ray's dashboard writes (one target per node, each scraped); PromQL then reads distrl's figures back as
+metrics.jsonl has them, every panel of the Grafana dashboard that can have data has it, and the Ray dashboard
+reports that Prometheus as up.
 
 The Prometheus server is the one `make test` provides (PROMETHEUS: Debian's package unpacked into .tools/, or one
 on PATH). Without one this test fails rather than skips: it is the only check that the shipped config works."""
@@ -11,20 +12,17 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import urllib.parse
 import urllib.request
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from distrl.cluster.backend import loopback_cluster
 from distrl.driver import train
 from distrl.metrics import gauge_name
 
-from .conftest import ROOT, cli_env, free_port, quickstart
+from .conftest import ROOT, cli_env, quickstart
 
 DASHBOARD = ROOT / "deploy" / "monitoring" / "grafana" / "dashboards" / "distrl.json"
 
@@ -56,31 +54,23 @@ def ray_token() -> dict[str, str]:
 
 
 @pytest.fixture
-def monitored_cluster(tmp_path, monkeypatch):
-    """A Ray cluster of this test's own, with its dashboard (which writes the service-discovery file) and a
-    temporary directory of its own (under /tmp: Ray's socket paths must fit in 107 bytes), and start.sh's
-    Prometheus for it on a free port; yields (Prometheus port, dashboard address, start.sh's log), then stops both."""
-    import ray
-
-    binary, port, log = prometheus_server(), free_port(), tmp_path / "monitor.log"
-    ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    monkeypatch.setenv("RAY_PROMETHEUS_HOST", f"http://127.0.0.1:{port}")  # read when the dashboard starts
-    token = ExitStack()  # a token of this cluster's own, nothing written to HOME (as distrl's embedded cluster)
-    token.enter_context(loopback_cluster())
-    ctx = ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=free_port(),
-                   _node_ip_address="127.0.0.1", _temp_dir=ray_dir,
-                   runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+def monitored_cluster(ray_session, tmp_path):
+    """start.sh's Prometheus for the session's cluster, on the port its head's dashboard was told about
+    (RAY_PROMETHEUS_HOST) and reading the service-discovery file in its temporary directory; yields (Prometheus
+    port, dashboard address, start.sh's log), then stops Prometheus."""
+    nodes = ray_session
+    binary, port, log = prometheus_server(), nodes.prometheus_port, tmp_path / "monitor.log"
     env = {**cli_env(), "PROMETHEUS": binary, "PROMETHEUS_PORT": str(port), "GRAFANA": "off",
            "MONITOR_DIR": str(tmp_path / "monitor")}
     with log.open("w") as out:  # its own process group: the servers it starts are stopped with it
-        monitor = subprocess.Popen([ROOT / "deploy" / "monitoring" / "start.sh", ray_dir], env=env, stdout=out,
+        monitor = subprocess.Popen([ROOT / "deploy" / "monitoring" / "start.sh", nodes.temp_dir], env=env, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
         while f"prometheus: http://127.0.0.1:{port}" not in log.read_text():
             assert monitor.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        yield port, f"http://{ctx.dashboard_url}", log
+        yield port, nodes.dashboard, log
     finally:
         os.killpg(monitor.pid, signal.SIGTERM)
         try:
@@ -88,13 +78,19 @@ def monitored_cluster(tmp_path, monkeypatch):
         except subprocess.TimeoutExpired:
             os.killpg(monitor.pid, signal.SIGKILL)
             monitor.wait()
-        ray.shutdown()
-        token.close()
-        shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def test_prometheus_from_the_shipped_config_reads_a_runs_figures(monitored_cluster, tmp_path):
+    import ray
+
     port, dashboard, log = monitored_cluster
+    # The service-discovery file names every alive node's metrics export, and Prometheus scrapes each of them.
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    deadline = time.monotonic() + 60
+    while len(up := query(port, 'up{job="ray"}')) < len(alive) or not all(r["value"][1] == "1" for r in up):
+        assert time.monotonic() < deadline, f"not every node scraped: {up}; start.sh said:\n{log.read_text()}"
+        time.sleep(1)
+    assert {r["metric"]["instance"] for r in up} == {f"127.0.0.1:{n['MetricsExportPort']}" for n in alive}
     cfg = quickstart(tmp_path, "run.name=monitored", "run.steps=2", "rollout.prompts_per_step=4")
     train(cfg)
     last = json.loads((tmp_path / "monitored" / "metrics.jsonl").read_text().splitlines()[-1])

@@ -10,6 +10,7 @@
 
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import ray
@@ -20,7 +21,7 @@ from distrl.batching import advantages, pad
 from distrl.cluster.backend import RayBackend
 from distrl.cluster.producer import Producer
 from distrl.cluster.roles import started_roles, total_optimizer_steps
-from distrl.config import RecoveryConfig
+from distrl.config import Config, RecoveryConfig
 from distrl.data.prompts import load_prompts
 from distrl.data.stream import PromptStream
 from distrl.driver import train
@@ -222,12 +223,24 @@ TOPOLOGIES = {
 }
 
 
-@pytest.mark.parametrize("rollout_actors,learners,options", TOPOLOGIES.values(), ids=TOPOLOGIES.keys())
-def test_topologies_train_end_to_end(ray_session, tmp_path, rollout_actors, learners, options):
-    cfg = quickstart(tmp_path, f"cluster.rollout.num_actors={rollout_actors}",
-                     f"cluster.learner.num_actors={learners}", "cluster.learner.num_cpus=0.25", "run.steps=2",
-                     "rollout.prompts_per_step=4", "learner.micro_batch_size=8", "run.checkpoint_every=1", *options)
-    history = train(cfg)
+def topology(tmp_path, name: str, *more: str) -> Config:
+    """The config of topology `name` (TOPOLOGIES), writing into tmp_path, with `more` settings."""
+    rollout_actors, learners, options = TOPOLOGIES[name]
+    return quickstart(tmp_path, f"cluster.rollout.num_actors={rollout_actors}",
+                      f"cluster.learner.num_actors={learners}", "cluster.learner.num_cpus=0.25", "run.steps=2",
+                      "rollout.prompts_per_step=4", "learner.micro_batch_size=8", "run.checkpoint_every=1", *options,
+                      *more)
+
+
+# The 2x2 topology runs on several nodes, and on one, in tests/e2e/test_nodes.py.
+@pytest.mark.parametrize("name", [name for name in TOPOLOGIES if name != "2x2-gspo-icepop-fsdp"])
+def test_topologies_train_end_to_end(ray_session, tmp_path, name):
+    cfg = topology(tmp_path, name)
+    check_topology(cfg, train(cfg), tmp_path)
+
+
+def check_topology(cfg: Config, history: list[dict], tmp_path: Path) -> None:
+    """What every topology's run must show, whatever its options."""
     assert [h["policy_version"] for h in history] == [0, 1]  # weights that sampled each step
     assert all(h["learner/optimizer_steps"] >= 1 for h in history)
     # Also where the learners took the old log-probs from the update itself (2x2: one optimizer step per step).
@@ -260,7 +273,8 @@ def test_step_metrics_reach_the_nodes_prometheus_endpoint(ray_session):
     from distrl.metrics import RayMetricsSink
 
     sink = RayMetricsSink("metrics-probe")
-    port = ray.nodes()[0]["MetricsExportPort"]
+    here = ray.get_runtime_context().get_node_id()  # the driver's node, whose agent exports its metrics
+    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["NodeID"] == here)
     deadline, found = time.monotonic() + 60, []
     while not found and time.monotonic() < deadline:
         sink.write(3, {"reward/mean": 0.42, "kl/ref": None})  # exported periodically (about every 10 s)
