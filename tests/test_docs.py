@@ -2,11 +2,13 @@
 config validates (read over configs/quickstart.yaml, or the config its first line names with `# over: PATH`), every
 `distrl ...` command line parses (and loads its config with its `--set` overrides when the config is in the
 repository), and every config field named in inline code exists. `make docs` builds the site in strict mode (broken
-links and anchors, pages left out of the navigation, unknown fields), and `make test` runs it."""
+links and anchors, pages left out of the navigation, unknown fields), and `make test` runs it. Pointers into the
+README's sections from anywhere in the repository name sections it has."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -119,3 +121,39 @@ def test_what_the_checks_find_and_refuse():
         checks.check_command(commands[2][1])  # --config is required
     with pytest.raises(ConfigError, match="stepz"):
         checks.check_command(commands[3][1])
+
+
+def repository_files() -> list[Path]:
+    """The repository's files, committed or new (not those git ignores)."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    return [ROOT / name for name in names if name and (ROOT / name).is_file()]
+
+
+def test_pointers_into_the_readme_name_its_sections():
+    """A section that moved from the README to the site is pointed at by its page. The check's own files, which
+    spell out the pointers it refuses, are left out."""
+    readme = (ROOT / "README.md").read_text()
+    found = []
+    for path in repository_files():
+        if path in (Path(__file__).resolve(), ROOT / "docs" / "gen" / "checks.py"):
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue  # not text
+        found += [f"{path.relative_to(ROOT)}:{pointer}" for pointer in checks.readme_pointers(text, readme)]
+    assert found == []
+
+
+def test_what_the_readme_pointer_check_refuses():
+    readme = "# distrl\n\n## The roles\n\n## Your own job\n"
+    text = """See README, "The roles", and the README's "your own job"; README.md#the-roles is its anchor.
+run (README, "Failures and recovery").
+image: x   # the image you pushed (README: Running on Kubernetes)
+README "A model that learns to use a calculator", README.md#failures-and-recovery
+deploy/schemas/README.md "x" is another README, and README.md is a file name.
+"""
+    assert checks.readme_pointers(text, readme) == [
+        '2: README, "Failures and recovery"', "3: README: Running on Kubernetes",
+        '4: README "A model that learns to use a calculator"', "4: README.md#failures-and-recovery"]

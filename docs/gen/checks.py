@@ -1,5 +1,6 @@
 """What the documentation's text is checked for, by the site's build (`hooks.py`) and by tests/test_docs.py: config
-field names in inline code exist, YAML blocks that are configs validate, and `distrl` command lines parse.
+field names in inline code exist, YAML blocks that are configs validate, and `distrl` command lines parse; and by
+tests/test_docs.py alone: the repository's pointers into the README's sections name sections it has.
 
 Markdown is read the simple way every page here is written: fenced blocks open and close with ``` at the start of
 a line (indented in lists), inline code is one pair of backticks.
@@ -8,8 +9,10 @@ a line (indented in lists), inline code is one pair of backticks.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import shlex
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,3 +156,69 @@ def check_command(argv: list[str]) -> None:
     path = getattr(args, "config", None)
     if path is not None and (ROOT / path).is_file():
         config.load(ROOT / path, args.overrides)
+
+
+# --------------------------------------------------------------------------------------------------- rendering
+@functools.cache
+def _site_markdown() -> Any:
+    """A Markdown converter with the site's extensions and their settings, read from mkdocs.yml (its hooks and
+    plugins left out: they change no Markdown setting)."""
+    import markdown
+    from mkdocs.config import load_config
+
+    site = load_config(str(ROOT / "mkdocs.yml"), hooks=[], plugins=[])
+    return markdown.Markdown(extensions=site.markdown_extensions, extension_configs=site.mdx_configs)
+
+
+@functools.lru_cache(maxsize=32)
+def render(page: str) -> tuple[str, list[dict[str, Any]]]:
+    """The page's HTML as the site renders it, and its headings (toc tokens, flattened)."""
+    converter = _site_markdown()
+    converter.reset()
+    html = converter.convert(page)
+    tokens, todo = [], list(converter.toc_tokens)
+    while todo:
+        token = todo.pop(0)
+        tokens.append(token)
+        todo[:0] = token["children"]
+    return html, tokens
+
+
+def headings(page: str) -> list[str]:
+    """The text of the page's headings, in order."""
+    return [token["name"] for token in render(page)[1]]
+
+
+def anchors(page: str) -> set[str]:
+    """The anchors of the page's headings that lead to them both in the site (Python-Markdown's toc with the site's
+    settings: its `slugify`, `_1` on a repeat) and on GitHub, where README.md and CONTRIBUTING.md are read (lower
+    case, punctuation but `-` and `_` dropped, each space a hyphen, `-1` on a repeat)."""
+    site, github, seen = set(), set(), Counter[str]()
+    for token in render(page)[1]:
+        site.add(token["id"])
+        slug = re.sub(r"[^\w\- ]", "", token["name"].lower()).replace(" ", "-")
+        github.add(f"{slug}-{seen[slug]}" if seen[slug] else slug)
+        seen[slug] += 1
+    return site & github
+
+
+# ------------------------------------------------------------------------------------ pointers into the README
+README_POINTER = re.compile(
+    r"(?<![\w/.-])README(?:\.md)?(?:'s)?[,:]?[ \t]+\"([^\"\n]+)\""       # README, "X" / README "X" / README's "X"
+    r"|(?<![\w/.-])README(?:\.md)?:[ \t]+([^\"\s][^)\n]*?)[ \t]*(?:\)|$)"  # README: X, to a ")" or the line's end
+    r"|(?<![\w/.-])README\.md#([\w-]+)",                                     # README.md#anchor
+    re.MULTILINE)
+
+
+def readme_pointers(text: str, readme: str) -> list[str]:
+    """`line: pointer` for each pointer in a file's text to a section of the README that it does not have:
+    `README, "X"`, `README "X"`, `README's "X"` and `README: X` name a heading (in any case), `README.md#x` one of
+    its anchors. A section moved to the documentation site is pointed at by its page (docs/failures.md)."""
+    names = {name.lower() for name in headings(readme)}
+    found = []
+    for m in README_POINTER.finditer(text):
+        name, anchor = m[1] or m[2], m[3]
+        if (name is not None and name.strip().lower() not in names) or (anchor and anchor not in anchors(readme)):
+            line = text.count("\n", 0, m.start()) + 1
+            found.append(f"{line}: {m[0].strip().removesuffix(')')}")
+    return found
