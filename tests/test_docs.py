@@ -1,9 +1,10 @@
 """The documentation says only what the code does: every YAML block in README.md, CONTRIBUTING.md and docs/ that is a
 config validates (read over configs/quickstart.yaml, or the config its first line names with `# over: PATH`), every
 `distrl ...` command line parses (and loads its config with its `--set` overrides when the config is in the
-repository), and every config field named in inline code exists. `make docs` builds the site in strict mode (broken
-links and anchors, pages left out of the navigation, unknown fields), and `make test` runs it. Pointers into the
-README's sections from anywhere in the repository name sections it has."""
+repository), and every config field named in inline code exists. README.md and CONTRIBUTING.md, read outside the
+site, have their links and anchors checked here; `make docs` builds the site in strict mode (broken links and
+anchors, pages left out of the navigation, unknown fields), and `make test` runs it. Pointers into the README's
+sections from anywhere in the repository name sections it has."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import pytest
 from distrl.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md",
+OUTSIDE_THE_SITE = [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+PAGES = [*OUTSIDE_THE_SITE,
          *sorted(p for p in (ROOT / "docs").rglob("*.md") if "gen" not in p.relative_to(ROOT / "docs").parts)]
 
 
@@ -72,6 +74,7 @@ def test_the_docs_hold_configs_and_commands_to_check():
     assert len(list(checks.config_blocks(text))) >= 10
     assert len(list(checks.command_lines(text))) >= 10
     assert sum(len(checks.field_mentions(code)) for _, code in checks.inline_code(text)) >= 150
+    assert len(checks.links((ROOT / "README.md").read_text())) >= 10
 
 
 MARKDOWN = '''Set `loss.kl.coef` and `loss.kl.coeff`, not `data.py` or `distrl.data.stream`; `eval.sets[].name` is one.
@@ -121,6 +124,37 @@ def test_what_the_checks_find_and_refuse():
         checks.check_command(commands[2][1])  # --config is required
     with pytest.raises(ConfigError, match="stepz"):
         checks.check_command(commands[3][1])
+
+
+@pytest.mark.parametrize("page", OUTSIDE_THE_SITE, ids=page_id)
+def test_every_link_of_a_page_read_outside_the_site_leads_somewhere(page):
+    assert checks.broken_links(page) == []
+
+
+def test_what_the_link_check_refuses(tmp_path):
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    (root / "docs" / "page.md").write_text("# A page\n\n## Sync -> async\n\n## Twice\n\n## Twice\n")
+    (tmp_path / "outside.md").write_text("# Outside\n")
+    (root / "README.md").write_text("""# Front
+
+[a page](docs/page.md), [its title](docs/page.md#a-page), [here](#front), [the first](docs/page.md#twice)
+[a site](https://example.com/gone.md) and `[code](gone.md)` are not followed
+[gone](docs/gone.md)
+[outside](../outside.md)
+[no such heading](docs/page.md#nowhere)
+[the site's](docs/page.md#sync-async) and [GitHub's](docs/page.md#sync---async) anchor of "Sync -> async"
+[the site's](docs/page.md#twice_1) and [GitHub's](docs/page.md#twice-1) anchor of the second "Twice"
+""")
+    why = "no heading of docs/page.md has the anchor #{} (both in the site and on GitHub)"
+    assert checks.broken_links(root / "README.md", root) == [
+        "5: docs/gone.md: no such file or directory in the repository",
+        "6: ../outside.md: no such file or directory in the repository",
+        f"7: docs/page.md#nowhere: {why.format('nowhere')}",
+        f"8: docs/page.md#sync-async: {why.format('sync-async')}",
+        f"8: docs/page.md#sync---async: {why.format('sync---async')}",
+        f"9: docs/page.md#twice_1: {why.format('twice_1')}",
+        f"9: docs/page.md#twice-1: {why.format('twice-1')}"]
 
 
 def repository_files() -> list[Path]:

@@ -1,6 +1,7 @@
 """What the documentation's text is checked for, by the site's build (`hooks.py`) and by tests/test_docs.py: config
 field names in inline code exist, YAML blocks that are configs validate, and `distrl` command lines parse; and by
-tests/test_docs.py alone: the repository's pointers into the README's sections name sections it has.
+tests/test_docs.py alone: the links of the pages read outside the site (README.md, CONTRIBUTING.md) lead to files
+and headings, and the repository's pointers into the README's sections name sections it has.
 
 Markdown is read the simple way every page here is written: fenced blocks open and close with ``` at the start of
 a line (indented in lists), inline code is one pair of backticks.
@@ -15,8 +16,10 @@ import shlex
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import yaml
 
@@ -200,6 +203,50 @@ def anchors(page: str) -> set[str]:
         github.add(f"{slug}-{seen[slug]}" if seen[slug] else slug)
         seen[slug] += 1
     return site & github
+
+
+# ------------------------------------------------------------------------------------------------------- links
+SCHEME = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|//)", re.IGNORECASE)
+"""A link that leaves the repository (https:, mailto:, //host)."""
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.targets: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "a" and found.get("href") and found.get("class") != "headerlink":  # not a heading's own permalink
+            self.targets.append(str(found["href"]))
+        elif tag == "img" and found.get("src"):
+            self.targets.append(str(found["src"]))
+
+
+def links(page: str) -> list[str]:
+    """The targets of the page's links and images, as the site's Markdown finds them (none in code)."""
+    parser = _Links()
+    parser.feed(render(page)[0])
+    return parser.targets
+
+
+def broken_links(page: Path, root: Path = ROOT) -> list[str]:
+    """`line: link: why` for each relative link of a page read outside the site (the site's build checks its own
+    pages) that leads nowhere: its file or directory must be in the repository, and an anchor into a Markdown page
+    must be one of that page's heading anchors (`anchors`). Links that leave the repository are not followed."""
+    text, problems = page.read_text(), []
+    for link in links(text):
+        if SCHEME.match(link):
+            continue
+        path, _, anchor = unquote(link).partition("#")
+        target = (page.parent / path).resolve() if path else page.resolve()
+        line = text.count("\n", 0, max(text.find(link), 0)) + 1
+        if path.startswith("/") or not target.is_relative_to(root.resolve()) or not target.exists():
+            problems.append(f"{line}: {link}: no such file or directory in the repository")
+        elif anchor and target.suffix == ".md" and anchor not in anchors(target.read_text()):
+            problems.append(f"{line}: {link}: no heading of {target.relative_to(root.resolve())} has the anchor "
+                            f"#{anchor} (both in the site and on GitHub)")
+    return problems
 
 
 # ------------------------------------------------------------------------------------ pointers into the README
