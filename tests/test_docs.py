@@ -1,10 +1,10 @@
 """The documentation says only what the code does: every YAML block in README.md, CONTRIBUTING.md and docs/ that is a
-config validates (read over configs/quickstart.yaml, or the config its first line names with `# over: PATH`), every
-`distrl ...` command line parses (and loads its config with its `--set` overrides when the config is in the
-repository), and every config field named in inline code exists. README.md and CONTRIBUTING.md, read outside the
-site, have their links and anchors checked here; `make docs` builds the site in strict mode (broken links and
-anchors, pages left out of the navigation, unknown fields), and `make test` runs it. Pointers into the README's
-sections from anywhere in the repository name sections it has."""
+config (any mapping but a Kubernetes manifest) validates (read over configs/quickstart.yaml, or the config its first
+line names with `# over: PATH`), every `distrl ...` command line parses (and loads its config with its `--set`
+overrides when the config is in the repository), and every config field named in inline code exists. README.md and
+CONTRIBUTING.md, read outside the site, have their links and anchors checked here; `make docs` builds the site in
+strict mode (broken links and anchors, pages left out of the navigation, unknown fields), and `make test` runs it.
+Pointers into the README's sections from anywhere in the repository name sections it has."""
 
 from __future__ import annotations
 
@@ -191,3 +191,11 @@ deploy/schemas/README.md "x" is another README, and README.md is a file name.
     assert checks.readme_pointers(text, readme) == [
         '2: README, "Failures and recovery"', "3: README: Running on Kubernetes",
         '4: README "A model that learns to use a calculator"', "4: README.md#failures-and-recovery"]
+
+
+def test_a_block_of_misspelt_sections_is_a_config_and_a_manifest_is_not():
+    text = "```yaml\nrolout: {prompts_per_step: 4}\n```\n\n```yaml\napiVersion: v1\nkind: Secret\n```\n"
+    ((block, tree),) = checks.config_blocks(text)
+    assert tree == {"rolout": {"prompts_per_step": 4}}
+    with pytest.raises(ConfigError, match="rolout"):
+        checks.check_config_block(block, tree)

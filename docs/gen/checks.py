@@ -85,12 +85,13 @@ def unknown_fields(markdown: str, docs: list[FieldDoc] | None = None) -> list[st
 
 # ----------------------------------------------------------------------------------------------------- configs
 def config_blocks(markdown: str) -> Iterator[tuple[Block, dict[str, Any]]]:
-    """The YAML blocks that are distrl configs (a mapping with a config section at its top), parsed."""
+    """The YAML blocks that are distrl configs, parsed: every mapping but a Kubernetes manifest (`apiVersion` and
+    `kind` at its top), so that a block whose sections are all misspelt is checked, not passed over."""
     for block in fenced_blocks(markdown):
         if block.lang not in ("yaml", "yml"):
             continue
         tree = yaml.safe_load(block.text)
-        if isinstance(tree, dict) and set(tree) & set(SECTIONS):
+        if isinstance(tree, dict) and not {"apiVersion", "kind"} <= set(tree):
             yield block, tree
 
 
