@@ -1,10 +1,11 @@
 """The documentation says only what the code does: every YAML block in README.md, CONTRIBUTING.md and docs/ that is a
 config (any mapping but a Kubernetes manifest) validates (read over configs/quickstart.yaml, or the config its first
-line names with `# over: PATH`), every `distrl ...` command line parses (and loads its config with its `--set`
-overrides when the config is in the repository), and every config field named in inline code exists. README.md and
-CONTRIBUTING.md, read outside the site, have their links and anchors checked here; `make docs` builds the site in
-strict mode (broken links and anchors, pages left out of the navigation, unknown fields), and `make test` runs it.
-Pointers into the README's sections from anywhere in the repository name sections it has."""
+line names with `# over: PATH`), every `distrl ...` command line parses and loads its config with its `--set`
+overrides (over configs/quickstart.yaml when the config is not in the repository), and every config field named in
+inline code exists. README.md and CONTRIBUTING.md, read outside the site, have their links and anchors checked here;
+`make docs` builds the site in strict mode (broken links and anchors, pages left out of the navigation, unknown
+fields), and `make test` runs it. Pointers into the README's sections from anywhere in the repository name sections
+it has."""
 
 from __future__ import annotations
 
@@ -199,3 +200,9 @@ def test_a_block_of_misspelt_sections_is_a_config_and_a_manifest_is_not():
     assert tree == {"rolout": {"prompts_per_step": 4}}
     with pytest.raises(ConfigError, match="rolout"):
         checks.check_config_block(block, tree)
+
+
+def test_the_overrides_of_a_config_outside_the_repository_are_read_over_the_quickstart():
+    checks.check_command(["train", "--config", "my_job.yaml", "--set", "run.steps=3"])
+    with pytest.raises(ConfigError, match=r"(?s)my_job.yaml is not in the repository.*configs/quickstart.yaml.*stepz"):
+        checks.check_command(["train", "--config", "my_job.yaml", "--set", "run.stepz=3"])

@@ -152,14 +152,22 @@ def _commands(line: int, text: str) -> Iterator[tuple[int, list[str]]]:
 
 
 def check_command(argv: list[str]) -> None:
-    """Parse `distrl argv` as the CLI would; a config it names that is in the repository is loaded with its
-    `--set` overrides. Raises SystemExit (argparse) or ConfigError."""
+    """Parse `distrl argv` as the CLI would; a config it names is loaded with its `--set` overrides, a config that is
+    not in the repository (`my_job.yaml`) replaced by `BASE_CONFIG`. Raises SystemExit (argparse) or ConfigError."""
     from distrl.cli import build_parser
 
     args = build_parser().parse_args(argv)
     path = getattr(args, "config", None)
-    if path is not None and (ROOT / path).is_file():
+    if path is None:
+        return
+    if (ROOT / path).is_file():
         config.load(ROOT / path, args.overrides)
+    elif args.overrides:
+        try:
+            config.load(ROOT / BASE_CONFIG, args.overrides)
+        except config.ConfigError as err:
+            raise config.ConfigError(f"{path} is not in the repository; its --set overrides over {BASE_CONFIG}: "
+                                     f"{err}") from None
 
 
 # --------------------------------------------------------------------------------------------------- rendering
