@@ -1,11 +1,11 @@
 """The documentation says only what the code does: every YAML block in README.md, CONTRIBUTING.md and docs/ that is a
 config (any mapping but a Kubernetes manifest) validates (read over configs/quickstart.yaml, or the config its first
-line names with `# over: PATH`), every `distrl ...` command line parses and loads its config with its `--set`
-overrides (over configs/quickstart.yaml when the config is not in the repository), and every config field named in
-inline code exists. README.md and CONTRIBUTING.md, read outside the site, have their links and anchors checked here;
-`make docs` builds the site in strict mode (broken links and anchors, pages left out of the navigation, unknown
-fields), and `make test` runs it. Pointers into the README's sections from anywhere in the repository name sections
-it has."""
+line names with `# over: PATH`), every `distrl ...` command line (of shell blocks, and the `$ ` lines of unlabelled
+ones) parses and loads its config with its `--set` overrides (over configs/quickstart.yaml when the config is not in
+the repository), and every config field named in inline code exists. README.md and CONTRIBUTING.md, read outside the
+site, have their links and anchors checked here; `make docs` builds the site in strict mode (broken links and
+anchors, pages left out of the navigation, unknown fields), and `make test` runs it. Pointers into the README's
+sections from anywhere in the repository name sections it has."""
 
 from __future__ import annotations
 
@@ -206,3 +206,27 @@ def test_the_overrides_of_a_config_outside_the_repository_are_read_over_the_quic
     checks.check_command(["train", "--config", "my_job.yaml", "--set", "run.steps=3"])
     with pytest.raises(ConfigError, match=r"(?s)my_job.yaml is not in the repository.*configs/quickstart.yaml.*stepz"):
         checks.check_command(["train", "--config", "my_job.yaml", "--set", "run.stepz=3"])
+
+
+LISTING = """A benchmark's listing: commands after `$ `, then what they printed.
+
+```
+$ distrl train --config configs/quickstart.yaml --set run.stepz=3   # 30 steps
+distrl     wall    20.56 ms
+--- distrl, hybrid (round 1 of 2) --- steady 0.567 s/step
+$ PYTHONPATH=. python bench/bench_trl.py --distrl hybrid,apart \\
+      --rounds 2
+$ OMP_NUM_THREADS=2 .venv/bin/distrl validate configs/quickstart.yaml \\
+      --set loop.mode=async
+distrl validate configs/quickstart.yaml --set loop.mode=asink
+```
+"""
+
+
+def test_the_command_lines_of_a_listing_are_its_prompted_lines():
+    commands = list(checks.command_lines(LISTING))
+    assert commands == [(4, ["train", "--config", "configs/quickstart.yaml", "--set", "run.stepz=3"]),
+                        (9, ["validate", "configs/quickstart.yaml", "--set", "loop.mode=async"])]
+    with pytest.raises(ConfigError, match="stepz"):
+        checks.check_command(commands[0][1])
+    checks.check_command(commands[1][1])

@@ -35,9 +35,13 @@ FIELD = re.compile(rf"(?<![\w./$-])(?:{'|'.join(SECTIONS)})(?:\.[A-Za-z_]\w*(?:\
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
                    re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"(?<!`)`((?:[^`\n]|\n(?![ \t]*\n))+)`(?!`)")  # may wrap, within a paragraph
-COMMAND = re.compile(r"(?:^|;|&&|\|\||\s--)\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\.venv/bin/)?distrl\s+")
-"""Where a shell line runs `distrl`: at its start, after `;`, `&&`, `||`, or after `--` (`ray job submit ... --
-distrl train ...`), behind any `VAR=value` assignments."""
+COMMAND = re.compile(r"(?:^|;|&&|\|\||\s--\s)\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\.venv/bin/)?distrl\s+")
+"""Where a shell line runs `distrl`: at its start, after `;`, `&&`, `||`, or after a lone `--` (`ray job submit ...
+-- distrl train ...`, not a script's `--distrl` option), behind any `VAR=value` assignments."""
+SHELL_BLOCKS = ("bash", "sh", "shell")
+"""Fenced blocks whose every line is a shell line."""
+PROMPTED_BLOCKS = ("", "console")
+"""Fenced blocks of commands and their output (benchmarks' listings): a shell line is one that starts with `$ `."""
 
 
 @dataclass(frozen=True)
@@ -122,14 +126,19 @@ def _merge(base: Any, over: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------------- commands
 def command_lines(markdown: str) -> Iterator[tuple[int, list[str]]]:
-    """(line, argv after `distrl`) of every `distrl ...` command in the page's shell blocks, and of inline code that
-    is a whole command line: `distrl`, a subcommand and at least two arguments, none of them `[optional]`, `...` or
-    `<placeholder>` (`distrl train` or `distrl export --merge` in a sentence name a command and a flag)."""
+    """(line, argv after `distrl`) of every `distrl ...` command in the page's shell blocks, in the `$ ` lines of its
+    unlabelled and console blocks, and in inline code that is a whole command line: `distrl`, a subcommand and at
+    least two arguments, none of them `[optional]`, `...` or `<placeholder>` (`distrl train` or `distrl export
+    --merge` in a sentence name a command and a flag)."""
     for block in fenced_blocks(markdown):
-        if block.lang in ("bash", "sh", "shell", "console"):
+        if block.lang in SHELL_BLOCKS + PROMPTED_BLOCKS:
             command, start = "", 0
+            prompted = block.lang in PROMPTED_BLOCKS
             for offset, line in enumerate(block.text.split("\n")):
-                command, start = command + line, start if command else block.line + 1 + offset
+                if prompted and not command and not line.startswith("$ "):
+                    continue  # output (a continued line carries on its command)
+                shell = line.removeprefix("$ ") if prompted and not command else line
+                command, start = command + shell, start if command else block.line + 1 + offset
                 if command.endswith("\\"):  # continued on the next line
                     command = command[:-1] + " "
                     continue
