@@ -158,6 +158,11 @@ def test_what_the_link_check_refuses(tmp_path):
         f"9: docs/page.md#twice-1: {why.format('twice-1')}"]
 
 
+def test_a_list_right_under_a_paragraph_line_is_found():
+    """The site's build warns of it (docs/gen/hooks.py), so that `mkdocs build --strict` fails."""
+    assert checks.swallowed_lists(checks.render("Reading:\n- one\n- two\n\nThen:\n\n- three\n")[0]) == ["- one"]
+
+
 def repository_files() -> list[Path]:
     """The repository's files, committed or new (not those git ignores)."""
     names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,

@@ -1,7 +1,8 @@
 """What the documentation's text is checked for, by the site's build (`hooks.py`) and by tests/test_docs.py: config
-field names in inline code exist, YAML blocks that are configs validate, and `distrl` command lines parse; and by
-tests/test_docs.py alone: the links of the pages read outside the site (README.md, CONTRIBUTING.md) lead to files
-and headings, and the repository's pointers into the README's sections name sections it has.
+field names in inline code exist, YAML blocks that are configs validate and `distrl` command lines parse. By the build
+alone: no list is rendered as part of the paragraph above it. By tests/test_docs.py alone: the links of the pages read
+outside the site (README.md, CONTRIBUTING.md) lead to files and headings, and the repository's pointers into the
+README's sections name sections it has.
 
 Markdown is read the simple way every page here is written: fenced blocks open and close with ``` at the start of
 a line (indented in lists), inline code is one pair of backticks.
@@ -221,6 +222,15 @@ def anchors(page: str) -> set[str]:
         github.add(f"{slug}-{seen[slug]}" if seen[slug] else slug)
         seen[slug] += 1
     return site & github
+
+
+SWALLOWED_LIST = re.compile(r"<p>(?:(?!</p>).)*?\n((?:[-*+]|\d+\.) [^\n]*)", re.DOTALL)
+
+
+def swallowed_lists(html: str) -> list[str]:
+    """The first item of each list that a rendered page holds as text of the paragraph above it: Python-Markdown,
+    unlike GitHub, starts a list only after a blank line."""
+    return [re.sub(r"<[^>]+>", "", m[1]) for m in SWALLOWED_LIST.finditer(html)]
 
 
 # ------------------------------------------------------------------------------------------------------- links
