@@ -5,7 +5,8 @@ ones) parses and loads its config with its `--set` overrides (over configs/quick
 the repository), and every config field named in inline code exists. README.md and CONTRIBUTING.md, read outside the
 site, have their links and anchors checked here; `make docs` builds the site in strict mode (broken links and
 anchors, pages left out of the navigation, unknown fields), and `make test` runs it. Pointers into the README's
-sections from anywhere in the repository name sections it has."""
+sections from anywhere in the repository name sections it has, and the README draws the roles as the site's home page
+does."""
 
 from __future__ import annotations
 
@@ -235,3 +236,12 @@ def test_the_command_lines_of_a_listing_are_its_prompted_lines():
     with pytest.raises(ConfigError, match="stepz"):
         checks.check_command(commands[0][1])
     checks.check_command(commands[1][1])
+
+
+def test_the_readme_draws_the_roles_as_the_sites_home_page_does():
+    """README.md (read on GitHub) and docs/index.md (the site's home page) hold the same diagram, written twice."""
+    def diagrams(page: str) -> list[str]:
+        return [block.text for block in checks.fenced_blocks((ROOT / page).read_text()) if block.lang == "mermaid"]
+
+    readme = diagrams("README.md")
+    assert readme and all(diagram in diagrams("docs/index.md") for diagram in readme)
