@@ -210,7 +210,7 @@ def test_resolved_config_round_trips(tmp_path):
 
 
 def test_quickstart_scales_to_the_topologies_the_service_tests_run():
-    # The end-to-end tests and the README scale the quickstart with --set alone; each must fit its 2 CPUs.
+    # The end-to-end tests scale the quickstart with --set alone; each must fit its 2 CPUs.
     for rollout, learners in ((2, 1), (2, 2), (1, 2)):
         config.load(ROOT / "configs" / "quickstart.yaml", [
             f"cluster.rollout.num_actors={rollout}", f"cluster.learner.num_actors={learners}",

@@ -124,7 +124,7 @@ class RecoveryConfig(Section):
     prompts are re-dispatched and the new actor serves the current weights before it takes any. One more death in
     the window ends the run, naming the actor and its last error. 0: a dead rollout actor ends the run. With the
     NCCL weight sync the replacement joins a new NCCL world; one that dies while a broadcast waits for it ends the
-    run (README, "Failures and recovery")."""
+    run (docs/failures.md)."""
     window_s: float = Field(default=3600.0, gt=0.0)
     """Seconds over which `max_restarts` is counted."""
     start_timeout_s: float = Field(default=900.0, gt=0.0)

@@ -6,7 +6,7 @@ Tensors travel bucket by bucket: each bucket is flattened on learner 0, broadcas
 An engine receives a bucket only when its reload asks for the next one (`receive_buckets`), so one bucket at a
 time sits on its device, not a copy of the model outside vLLM's memory budget.
 
-Status: written against vLLM's public communicator API; not yet run on a GPU (see README, "What was verified where").
+Status: written against vLLM's public communicator API; not yet run on a GPU (see docs/verification.md).
 Its bucket-by-bucket logic is tested on CPU with a fake communicator.
 """
 

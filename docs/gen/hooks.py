@@ -1,6 +1,6 @@
 """MkDocs hooks of the site's build: every config path named in a page's inline code must be a field of the config
 (a warning, so that `mkdocs build --strict` fails on a renamed or misspelt field), and each becomes a link to its
-row in the configuration reference."""
+row in the configuration reference; a list rendered into the paragraph above it is a warning too."""
 
 from __future__ import annotations
 
@@ -38,6 +38,13 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         return f"[{m[0]}]({target}#{anchor})" if anchor else m[0]
 
     return SPAN.sub(link, markdown)
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    for item in checks.swallowed_lists(html):
+        log.warning("%s: a list is rendered as part of the paragraph above it (put a blank line between them): %s",
+                    page.file.src_uri, item)
+    return html
 
 
 def _anchor(path: str) -> str | None:
