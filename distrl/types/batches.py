@@ -30,6 +30,12 @@ def _map_rows(batch: R, fn: Callable[[torch.Tensor], torch.Tensor]) -> R:
     return replace(batch, **changes)
 
 
+def on_host(batch: R) -> R:
+    """`batch` itself when its tensors are in host memory, else copied there (once): where micro-batches and their
+    packed layouts are made."""
+    return batch if batch.response_mask.device.type == "cpu" else batch.to("cpu")
+
+
 def _split_rows(batch: R, n: int) -> list[R]:
     """n contiguous shards whose sizes differ by at most one (equal when n divides B)."""
     size = batch.batch_size

@@ -17,13 +17,13 @@ from distrl.algo import LossInputs, compute_loss
 from distrl.algo.loss import MERGE
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
 from distrl.merging import Figures
-from distrl.types.batches import Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch, on_host
 from distrl.workers import dist, export, fingerprint, lora, nccl
 from distrl.workers.device import granted_device, to_device
 from distrl.workers.fingerprint import Fingerprint
 from distrl.workers.hf_export import HFExport
 from distrl.workers.kernels import apply_kernels
-from distrl.workers.model import DTYPES, response_logprobs, score_in_micro_batches, tokenizer_path
+from distrl.workers.model import DTYPES, response_logprobs, score_rows, tokenizer_path
 from distrl.workers.packing import Layout
 from distrl.workers.strategy import make_strategy
 from distrl.workers.trainer import Counts, Measured, NonFiniteError, Trainer
@@ -96,14 +96,13 @@ class Learner:
             return self._score(sequences, None)
 
     def _score(self, sequences: Sequences, temperature: float | None) -> torch.Tensor:
+        """Log-probs in the micro-batches the update forms (its token budget, in lockstep with the other learners)."""
+        t = self.temperature if temperature is None else temperature
+        seqs = on_host(sequences)  # micro-batches and layouts are made there
         self.model.eval()
         try:
-            with self.trainer.precision:
-                seqs = sequences.to("cpu") if sequences.input_ids.device.type != "cpu" else sequences
-                count = len(self.trainer.micro_batches(seqs))  # in lockstep with the other learners
-                t = self.temperature if temperature is None else temperature
-                return score_in_micro_batches(self.model, seqs, t, self.cfg.micro_batch_size,
-                                              self.trainer.token_budget, count, self.device)
+            return score_rows(lambda micro, layout: response_logprobs(self.model, micro, t, layout=layout)[0],
+                              seqs, self.trainer.micro_batches(seqs), self.device)
         finally:
             self.model.train()
 
@@ -111,8 +110,7 @@ class Learner:
     def update(self, batch: TrainBatch) -> Figures:
         """PPO epochs over this learner's shard (`Trainer.update`). Returns figures to merge over learners with
         `distrl.merging.merge`, weighted by `learner/tokens`."""
-        if batch.response_mask.device.type != "cpu":
-            batch = batch.to("cpu")  # micro-batches and their layouts are made on the host
+        batch = on_host(batch)  # micro-batches and their layouts are made there
         if batch.old_logprobs is None and (self.cfg.ppo_epochs > 1
                                            or len(self.trainer.mini_batch_rows(batch)) > 1):
             raise ValueError("a batch without old log-probs must be one optimizer step (one mini-batch, one PPO "
