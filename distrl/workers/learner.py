@@ -37,15 +37,18 @@ FINGERPRINT_BUCKET_BYTES = 64 * 2**20
 class Learner:
     """Trains the policy. With M learners, each receives 1/M of every mini-batch and holds a full replica
     (`learner.strategy: replicate`) or 1/M of the model (`fsdp`; the model is then built once the learners'
-    process group is joined, in `connect`)."""
+    process group is joined, in `connect`). `share_device`: a hybrid actor's engine and reference will share the
+    device, and resolve an `auto` token budget once they are built (`Trainer.resolve_token_budget`)."""
 
     def __init__(self, model: ModelConfig, cfg: LearnerConfig, loss: LossConfig, *, temperature: float,
-                 norm_len: int, mini_batch_size: int, total_optimizer_steps: int, seed: int, num_gpus: float = 0.0):
+                 norm_len: int, mini_batch_size: int, total_optimizer_steps: int, seed: int, num_gpus: float = 0.0,
+                 share_device: bool = False):
         torch.manual_seed(seed)
         self.cfg, self.loss_cfg, self.model_cfg = cfg, loss, model
         self.temperature, self.norm_len = temperature, norm_len
         self.mini_batch_size, self.total_optimizer_steps = mini_batch_size, total_optimizer_steps
         self.device = granted_device(num_gpus, "learner")
+        self.share_device = share_device
         self.strategy = make_strategy(cfg, self.device)
         if not self.strategy.sharded:
             self._build()
@@ -56,7 +59,7 @@ class Learner:
         self.model = apply_kernels(self.strategy.build(self.model_cfg), self.cfg.kernels, self.device,
                                    "learner.kernels")
         self.trainer = Trainer(self.model, self.cfg, self.total_optimizer_steps, self.device, self.mini_batch_size,
-                               self.strategy, role="learner")
+                               self.strategy, role="learner", share_device=self.share_device)
 
     # ------------------------------------------------------------------------------------------ data parallelism
     def connect(self, master_addr: str, master_port: int, rank: int, world_size: int,

@@ -58,7 +58,8 @@ class NonFiniteError(RuntimeError):
 class Trainer:
     """`model` trained by AdamW under `cfg`'s schedule; `update(batch, objective)` runs `cfg.ppo_epochs` passes of one
     optimizer step per mini-batch. `strategy` (built the model and) says how the learners share it; `role` names
-    the trained model in figures and errors ("learner", "critic").
+    the trained model in figures and errors ("learner", "critic"); `share_device`: other parts of this process will
+    share the device, and an `auto` token budget waits for `resolve_token_budget`.
 
     The host waits for the device once per optimizer step (and once per update with several learners, for the
     global counts and the lockstep's forward passes, read together): batches stay on the host, where micro-batches
@@ -67,7 +68,8 @@ class Trainer:
     decide whether to apply it."""
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, total_optimizer_steps: int, device: str,
-                 global_mini_batch_size: int, strategy: Replicated, role: str = "learner"):
+                 global_mini_batch_size: int, strategy: Replicated, role: str = "learner",
+                 share_device: bool = False):
         self.model, self.cfg, self.device, self.role = model, cfg, device, role
         self.strategy = strategy
         self.global_mini_batch_size = global_mini_batch_size
@@ -80,15 +82,25 @@ class Trainer:
         model.train()
         self.params = [p for p in model.parameters() if p.requires_grad]
         budget = cfg.max_tokens_per_micro_batch
-        self.token_budget: int | None = budget if budget != "auto" else auto_token_budget(
-            model, device, training=True, checkpointing=cfg.gradient_checkpointing,
-            field=f"{role}.max_tokens_per_micro_batch")
+        self.token_budget: int | None = None if budget == "auto" else budget
         """Tokens of one forward pass (`max_tokens_per_micro_batch`, `auto` resolved), None for fixed counts."""
+        if budget == "auto" and not share_device:
+            self.resolve_token_budget()
         self.optimizer, self.scheduler = build_optimizer(model, cfg, total_optimizer_steps, device)
         self.optimizer_steps = 0
         self.skipped_steps = 0
         self.consecutive_nonfinite = 0
         self.micro_rows: list[list[int]] = []
+
+    def resolve_token_budget(self, reserved: float = 0.0) -> None:
+        """Resolve `max_tokens_per_micro_batch: auto` from the device's free memory now (`auto_token_budget`), less
+        `reserved` bytes that other parts of the process will still allocate on the device while this one trains:
+        at construction, or (`share_device`) once those parts are built (a hybrid actor). A set budget stays."""
+        if self.cfg.max_tokens_per_micro_batch == "auto":
+            self.token_budget = auto_token_budget(self.model, self.device, training=True,
+                                                  checkpointing=self.cfg.gradient_checkpointing,
+                                                  field=f"{self.role}.max_tokens_per_micro_batch", reserved=reserved)
+            print(f"{self.role}: max_tokens_per_micro_batch auto = {self.token_budget} tokens", flush=True)
 
     @property
     def local_mini_batch_size(self) -> int:
@@ -218,6 +230,9 @@ class Trainer:
     def _groups(self, lengths: list[int], min_count: int = 1) -> list[list[int]]:
         """Row groups of rows with `lengths` real tokens (`distrl.micro_batches`: by the token budget when set, else
         `micro_batch_size` rows), at least `min_count` of them."""
+        if self.token_budget is None and self.cfg.max_tokens_per_micro_batch == "auto":
+            raise RuntimeError(f"{self.role}.max_tokens_per_micro_batch 'auto' is not resolved yet: the process that "
+                               f"shares the device calls resolve_token_budget once every part is built")
         return micro_batches(lengths, self.cfg.micro_batch_size, self.token_budget, min_count)
 
     def _skip(self, grad_norm: float) -> None:
