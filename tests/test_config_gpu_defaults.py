@@ -1,6 +1,6 @@
-"""Defaults that depend on where a role runs (`Config._gpu_defaults`): with GPUs, a KL term's reference goes on the
-learners' GPUs, the learner, critic and reference compute in bfloat16 and the engines use CUDA graphs; on the CPU
-nothing changes; a value the config sets is always kept; and the resolved config reloads as itself."""
+"""Defaults that depend on where a role runs (`distrl.config.gpu_defaults`): with GPUs, a KL term's reference goes on
+the learners' GPUs, the learner, critic and reference compute in bfloat16 and the engines use CUDA graphs; on the
+CPU nothing changes; a value the config sets is always kept; and the resolved config reloads as itself."""
 
 from __future__ import annotations
 
