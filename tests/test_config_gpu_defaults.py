@@ -96,6 +96,8 @@ def test_with_gpus_roles_take_liger_kernels_and_an_automatic_token_budget(tmp_pa
     cfg = load(tmp_path, GPUS, KL)
     assert (cfg.learner.kernels, cfg.reference.kernels) == ("liger", "liger")
     assert cfg.learner.max_tokens_per_micro_batch == cfg.reference.max_tokens_per_micro_batch == "auto"
+    # chosen by the defaults, not the config: the preflight may fall back from a defaulted liger (test_kernel_support)
+    assert not {"kernels", "dtype", "max_tokens_per_micro_batch"} & cfg.learner.model_fields_set
     cpu = load(tmp_path, KL)
     assert (cpu.learner.kernels, cpu.reference.kernels) == ("plain", "plain")
     assert cpu.learner.max_tokens_per_micro_batch is None and cpu.reference.max_tokens_per_micro_batch is None

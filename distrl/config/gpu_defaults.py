@@ -1,9 +1,16 @@
 """The config's defaults that depend on where a role runs (`apply_gpu_defaults`, applied when a `Config` is
-validated), and the check that fused kernels run on GPUs (`kernel_problems`)."""
+validated), and the check that fused kernels run on GPUs (`kernel_problems`).
+
+A default chosen here is not marked as set by the config (a section's `model_fields_set` keeps what the config
+wrote), so that later checks can tell the two apart: the preflight falls back from a defaulted `kernels: liger` to
+`plain` where liger-kernel cannot run, and refuses a `liger` the config asked for (`distrl.workers.kernel_support`).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from distrl.config.root import Config
@@ -34,20 +41,26 @@ def apply_gpu_defaults(cfg: Config) -> None:
     hybrid = cluster.hybrid_mode  # the engine and the reference run on the learners' devices
     if (cfg.needs_reference and cluster.learner.num_gpus > 0 and not hybrid
             and "num_gpus" not in cluster.reference.model_fields_set):
-        cluster.reference.num_gpus = cluster.learner.num_gpus
+        _default(cluster.reference, "num_gpus", cluster.learner.num_gpus)
     for section, role in ((cfg.learner, cluster.learner), (cfg.critic, cluster.critic),
                           (cfg.reference, cluster.learner if hybrid else cluster.reference)):
         if section is None or role.num_gpus <= 0:
             continue
         if "dtype" not in section.model_fields_set:
-            section.dtype = "bfloat16"
+            _default(section, "dtype", "bfloat16")
         if "kernels" not in section.model_fields_set:
-            section.kernels = "liger"
+            _default(section, "kernels", "liger")
         if not {"max_tokens_per_micro_batch", "micro_batch_size"} & section.model_fields_set:
-            section.max_tokens_per_micro_batch = "auto"
+            _default(section, "max_tokens_per_micro_batch", "auto")
     engines = cluster.learner if hybrid else cluster.rollout
     if engines.num_gpus > 0 and "enforce_eager" not in cfg.rollout.model_fields_set:
-        cfg.rollout.enforce_eager = False
+        _default(cfg.rollout, "enforce_eager", False)
+
+
+def _default(section: BaseModel, field: str, value: Any) -> None:
+    """Set `field` of `section` to the default `value`, left unmarked as set by the config."""
+    setattr(section, field, value)
+    section.__pydantic_fields_set__.discard(field)
 
 
 def kernel_problems(cfg: Config) -> list[str]:
