@@ -85,6 +85,15 @@ def test_the_shipped_gpu_configs_run_bf16_roles_and_cuda_graphs(name):
         assert cfg.cluster.reference.num_gpus > 0 and cfg.reference.dtype == "bfloat16"
 
 
+@pytest.mark.parametrize("name", ["grpo-gsm8k.yaml", "grpo-math.yaml", "gspo-icepop.yaml", "dr-grpo-kl-reward.yaml"])
+def test_the_shipped_gpu_configs_fill_micro_batches_by_the_automatic_token_budget(name):
+    """None sets a micro_batch_size that would turn the GPU default (`auto`) off, for the learner or the reference."""
+    cfg = config.load(ROOT / "configs" / name)
+    roles = [cfg.learner, *([cfg.reference] if cfg.needs_reference else []), *([cfg.critic] if cfg.critic else [])]
+    assert [role.max_tokens_per_micro_batch for role in roles] == ["auto"] * len(roles)
+    assert not any("micro_batch_size" in role.model_fields_set for role in roles)
+
+
 def test_in_hybrid_mode_the_engine_and_reference_follow_the_learners_devices():
     cfg = config.from_dict({"model": {"path": "m"}, "data": {"path": "d.jsonl"}, "loss": {"kl": {"coef": 0.01}},
                             "cluster": {"colocate": "hybrid", "learner": {"num_gpus": 1}}})
