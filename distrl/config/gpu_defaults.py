@@ -8,15 +8,17 @@ wrote), so that later checks can tell the two apart: the preflight falls back fr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from distrl.config.root import Config
+from distrl.config.cluster import ClusterConfig
+from distrl.config.learner import CriticConfig, LearnerConfig, ReferenceConfig
+from distrl.config.rollout import RolloutConfig
 
 
-def apply_gpu_defaults(cfg: Config) -> None:
+def apply_gpu_defaults(cluster: ClusterConfig, rollout: RolloutConfig, learner: LearnerConfig,
+                       critic: CriticConfig | None, reference: ReferenceConfig, needs_reference: bool) -> None:
     """The defaults that depend on where a role runs, for the fields the config leaves out (a field it sets, even to
     the plain default, is kept; the run's saved config.yaml holds the values chosen here):
 
@@ -37,13 +39,12 @@ def apply_gpu_defaults(cfg: Config) -> None:
 
     In hybrid mode the engine and the reference run on the learners' devices (`cluster.learner`).
     """
-    cluster = cfg.cluster
     hybrid = cluster.hybrid_mode  # the engine and the reference run on the learners' devices
-    if (cfg.needs_reference and cluster.learner.num_gpus > 0 and not hybrid
+    if (needs_reference and cluster.learner.num_gpus > 0 and not hybrid
             and "num_gpus" not in cluster.reference.model_fields_set):
         _default(cluster.reference, "num_gpus", cluster.learner.num_gpus)
-    for section, role in ((cfg.learner, cluster.learner), (cfg.critic, cluster.critic),
-                          (cfg.reference, cluster.learner if hybrid else cluster.reference)):
+    for section, role in ((learner, cluster.learner), (critic, cluster.critic),
+                          (reference, cluster.learner if hybrid else cluster.reference)):
         if section is None or role.num_gpus <= 0:
             continue
         if "dtype" not in section.model_fields_set:
@@ -53,8 +54,8 @@ def apply_gpu_defaults(cfg: Config) -> None:
         if not {"max_tokens_per_micro_batch", "micro_batch_size"} & section.model_fields_set:
             _default(section, "max_tokens_per_micro_batch", "auto")
     engines = cluster.learner if hybrid else cluster.rollout
-    if engines.num_gpus > 0 and "enforce_eager" not in cfg.rollout.model_fields_set:
-        _default(cfg.rollout, "enforce_eager", False)
+    if engines.num_gpus > 0 and "enforce_eager" not in rollout.model_fields_set:
+        _default(rollout, "enforce_eager", False)
 
 
 def _default(section: BaseModel, field: str, value: Any) -> None:
@@ -63,12 +64,13 @@ def _default(section: BaseModel, field: str, value: Any) -> None:
     section.__pydantic_fields_set__.discard(field)
 
 
-def kernel_problems(cfg: Config) -> list[str]:
-    """Fused kernels asked for a role that runs on the CPU (they are CUDA's)."""
-    hybrid = cfg.cluster.hybrid_mode
-    roles = (("learner", cfg.learner, cfg.cluster.learner), ("critic", cfg.critic, cfg.cluster.critic),
-             ("reference", cfg.reference if cfg.needs_reference else None,
-              cfg.cluster.learner if hybrid else cfg.cluster.reference))
+def kernel_problems(cluster: ClusterConfig, learner: LearnerConfig, critic: CriticConfig | None,
+                    reference: ReferenceConfig | None) -> list[str]:
+    """Fused kernels asked for a role that runs on the CPU (they are CUDA's); `reference` None when no reference
+    runs."""
+    hybrid = cluster.hybrid_mode
+    roles = (("learner", learner, cluster.learner), ("critic", critic, cluster.critic),
+             ("reference", reference, cluster.learner if hybrid else cluster.reference))
     return [f"{name}.kernels '{section.kernels}' needs a GPU, and the {name} runs on the CPU "
             f"(cluster.{'learner' if hybrid and name == 'reference' else name}.num_gpus is 0): set "
             f"{name}.kernels: plain" for name, section, role in roles

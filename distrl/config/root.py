@@ -158,7 +158,8 @@ class Config(Section):
     @model_validator(mode="after")
     def _gpu_defaults(self) -> Config:
         """The defaults that depend on where a role runs (`gpu_defaults.apply_gpu_defaults`)."""
-        apply_gpu_defaults(self)
+        apply_gpu_defaults(self.cluster, self.rollout, self.learner, self.critic, self.reference,
+                           self.needs_reference)
         return self
 
     @model_validator(mode="after")
@@ -195,10 +196,12 @@ class Config(Section):
         if adv in GROUP_ESTIMATORS and g < 2:
             errors.append(f"algorithm.advantage '{adv}' compares samples within a group and needs "
                           f"rollout.n_samples_per_prompt >= 2 (got {g})")
-        errors += critic_problems(self)
-        errors += hybrid_problems(self)
-        errors += lora_problems(self)
-        errors += kernel_problems(self)
+        errors += critic_problems(self.critic, self.cluster, self.algorithm.advantage, self.global_batch_size,
+                                  self.critic_mini_batch_size)
+        errors += hybrid_problems(self.cluster, self.rollout, self.max_staleness)
+        errors += lora_problems(self.learner, self.reference, self.cluster, self.needs_ref_logprobs)
+        errors += kernel_problems(self.cluster, self.learner, self.critic,
+                                  self.reference if self.needs_reference else None)
         batch, mini = self.global_batch_size, self.mini_batch_size
         learners, micro = self.cluster.learner.num_actors, self.learner.micro_batch_size
         if batch % mini:
