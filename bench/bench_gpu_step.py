@@ -5,8 +5,8 @@ forward pass, for randomly initialised Qwen2 models of Qwen2.5's shapes (0.5B, 1
 liger rows (skipped, with the reason, without it). No hub: the models are written locally at random.
 
     python bench/bench_gpu_step.py [--shapes 0.5B,1.5B,3B] [--seqs 64] [--micro 8] [--prompt 256] [--response 768]
-                                   [--kernels plain,liger,compile] [--budget auto] [--steps 3] [--checkpointing]
-                                   [--fsdp] [--offload]
+                                   [--kernels plain,liger,compile] [--reference liger] [--budget auto] [--steps 3]
+                                   [--checkpointing] [--fsdp] [--offload] [--no-hand]
 
 Each step is one optimizer step on `--seqs` sequences of `--prompt` + `--response` random tokens (one mini-batch,
 one PPO epoch), in micro-batches of `--micro` sequences (both steps alike; `--budget auto` adds a distrl row with
@@ -46,79 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-_QWEN25 = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, use_sliding_window=False)
-SHAPES = {
-    "0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, **_QWEN25),
-    "1.5B": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True, **_QWEN25),
-    "3B": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
-               intermediate_size=11008, vocab_size=151936, tie_word_embeddings=True, **_QWEN25),
-    "7B": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False, **_QWEN25),
-}
-"""Qwen2.5's config.json of each size, less what a random model does not need."""
-
-QWEN25_05B = SHAPES["0.5B"]
-
-PEAK_BF16_TFLOPS = (
-    ("H100 PCIe", 756.0),
-    ("H100 NVL", 835.0),
-    ("GH200", 989.4),
-    ("H100", 989.4),  # SXM ("NVIDIA H100 80GB HBM3")
-    ("H200", 989.4),
-    ("H800", 989.4),
-    ("B200", 2250.0),
-    ("A100", 312.0),
-    ("A800", 312.0),
-    ("L40S", 362.1),
-    ("L4", 121.0),
-)
-"""Dense (no sparsity) bfloat16 tensor-core peak in TFLOP/s by device name, from NVIDIA's data sheets; the first
-entry whose key is in `torch.cuda.get_device_name()` applies (more specific names first)."""
-
-
-def peak_tflops(device_name: str) -> float | None:
-    """The dense bfloat16 peak of the device named `device_name` (`PEAK_BF16_TFLOPS`), None when not in the table."""
-    return next((peak for key, peak in PEAK_BF16_TFLOPS if key in device_name), None)
-
-
-@dataclass(frozen=True)
-class StepFlops:
-    """Model FLOPs of one learner step (forward + backward), by part."""
-
-    dense: float
-    head: float
-    attention: float
-
-    @property
-    def total(self) -> float:
-        return self.dense + self.head + self.attention
-
-
-def step_flops(config: dict, layer_params: int, lengths: list[int], response_tokens: int) -> StepFlops:
-    """FLOPs of one step (the module docstring's formula) on sequences of `lengths` tokens, `response_tokens` of
-    which are predicted, for a model of `config` whose decoder layers hold `layer_params` parameters."""
-    hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
-    return StepFlops(dense=6.0 * layer_params * sum(lengths), head=6.0 * hidden * vocab * response_tokens,
-                     attention=6.0 * layers * hidden * sum(s * s for s in lengths))
-
-
-def write_model(directory: Path, config: dict | None = None) -> tuple[int, int]:
-    """A random Qwen2 of `config`'s shape (default Qwen2.5-0.5B's) in `directory` (bfloat16 safetensors), made on
-    the GPU when there is one (fast for 7B); returns (all parameters, parameters of the decoder layers)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(device):
-        model = Qwen2ForCausalLM(Qwen2Config(**(config or QWEN25_05B))).to(torch.bfloat16)
-    model.save_pretrained(directory)
-    total = sum(p.numel() for p in model.parameters())
-    layers = sum(p.numel() for p in model.model.layers.parameters())
-    del model
-    return total, layers
+from gpu_model import SHAPES, peak_tflops, step_flops, write_model
 
 
 def make_batch(seqs: int, prompt: int, response: int, vocab: int):
@@ -245,10 +173,20 @@ class Setup:
         return self.seqs * (self.prompt + self.response)
 
 
+def header(seqs: int, prompt: int, response: int) -> str:
+    """The run's first lines: the device, torch, the peak the MFU is against, the batch, the table's header."""
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gpu_step: CUDA is not available")
+    name = torch.cuda.get_device_name()
+    return (f"bench_gpu_step: {name}, torch {torch.__version__}, peak bf16 {peak_tflops(name)} TFLOP/s; {seqs} "
+            f"sequences of {prompt} + {response} tokens\n{HEADER}")
+
+
 def run_shape(shape: str, seqs: int, micro: int, prompt: int, response: int, kernels: list[str], steps: int,
               budget: str | int | None = None, checkpointing: bool = False, fsdp: bool = False,
-              offload: bool = False, hand: bool = True) -> list[Row]:
-    """Every row of one model shape (module docstring), printed as they come."""
+              offload: bool = False, hand: bool = True, reference: list[str] | None = None) -> list[Row]:
+    """Every row of one model shape (module docstring), printed as they come; the reference's forward with the
+    kernels `reference` (default: each of `kernels`)."""
     config = SHAPES[shape]
     data = make_batch(seqs, prompt, response, config["vocab_size"])
     peak = peak_tflops(torch.cuda.get_device_name())
@@ -278,7 +216,7 @@ def run_shape(shape: str, seqs: int, micro: int, prompt: int, response: int, ker
             with _freed(what, shape, emit):
                 emit(_rated(distrl_row(setup, data, what, kernel, tokens_budget), distrl_flops, peak, setup.tokens,
                             hand_seconds))
-            if tokens_budget is None:
+            if tokens_budget is None and kernel in (kernels if reference is None else reference):
                 with _freed(f"reference forward {kernel}", shape, emit):
                     emit(_rated(reference_row(setup, data, kernel), None, peak, setup.tokens, None))
     return rows
@@ -350,11 +288,8 @@ def _freed(what: str, shape: str, emit: Callable[[Row], None]):
 def run(seqs: int = 16, prompt: int = 256, response: int = 768, micro: int = 4, steps: int = 5,
         checkpointing: bool = False, fsdp: bool = False, shape: str = "0.5B",
         kernels: tuple[str, ...] = ("plain",)) -> dict[str, Row]:
-    """The rows of one shape by what they measure (`run_shape`, after the table's header)."""
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_gpu_step: CUDA is not available")
-    print(f"bench_gpu_step: {torch.cuda.get_device_name()}, torch {torch.__version__}, peak bf16 "
-          f"{peak_tflops(torch.cuda.get_device_name())} TFLOP/s\n{HEADER}", flush=True)
+    """The rows of one shape by what they measure (`run_shape`, after the `header`)."""
+    print(header(seqs, prompt, response), flush=True)
     rows = run_shape(shape, seqs, micro, prompt, response, list(kernels), steps, checkpointing=checkpointing,
                      fsdp=fsdp)
     return {row.what.split(" (")[0].split(",")[0]: row for row in rows}
@@ -374,16 +309,14 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true", help="distrl's learner as FSDP over one rank")
     parser.add_argument("--offload", action="store_true", help="with --fsdp: parameters and AdamW state on the CPU")
     parser.add_argument("--no-hand", action="store_true", help="skip the hand-written step (e.g. 7B on one GPU)")
+    parser.add_argument("--reference", default=None, help="kernels of the reference's rows (default: --kernels)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_gpu_step: CUDA is not available")
-    print(f"bench_gpu_step: {torch.cuda.get_device_name()}, torch {torch.__version__}, peak bf16 "
-          f"{peak_tflops(torch.cuda.get_device_name())} TFLOP/s; {args.seqs} sequences of {args.prompt} + "
-          f"{args.response} tokens\n{HEADER}", flush=True)
+    print(header(args.seqs, args.prompt, args.response), flush=True)
     budget = None if args.budget is None else (args.budget if args.budget == "auto" else int(args.budget))
+    reference = None if args.reference is None else args.reference.split(",")
     for shape in args.shapes.split(","):
         run_shape(shape, args.seqs, args.micro, args.prompt, args.response, args.kernels.split(","), args.steps,
-                  budget, args.checkpointing, args.fsdp, args.offload, hand=not args.no_hand)
+                  budget, args.checkpointing, args.fsdp, args.offload, hand=not args.no_hand, reference=reference)
 
 
 if __name__ == "__main__":

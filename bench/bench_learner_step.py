@@ -59,11 +59,16 @@ def mixed_batch(b: int, prompt: tuple[int, int], response: tuple[int, int], voca
     return TrainBatch(seqs, old_logprobs=None, advantages=advantages, ref_logprobs=None)
 
 
+def padded_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False, layout=None):
+    """`padded_response_logprobs` with `response_logprobs`' arguments: the packed pass's `layout` is not needed."""
+    return model_module.padded_response_logprobs(model, batch, temperature, with_entropy)
+
+
 @contextlib.contextmanager
 def padded_forward() -> Iterator[None]:
     """The padded forward pass in place of the packed one, in the learner and in `score_in_micro_batches`."""
     packed = model_module.response_logprobs
-    learner_module.response_logprobs = model_module.response_logprobs = model_module.padded_response_logprobs
+    learner_module.response_logprobs = model_module.response_logprobs = padded_logprobs
     try:
         yield
     finally:

@@ -72,6 +72,24 @@ def balanced(lengths: Sequence[int], count: int) -> list[list[int]]:
     return [sorted(g) for g in groups]
 
 
+def balanced_parts(lengths: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
+    """The rows dealt into parts of `sizes` rows each with about equal token sums: longest first, each to the part
+    with the fewest tokens among those with room left (the first such part on ties; Graham's LPT rule under a
+    bound on each part's rows). Rows in each part in ascending order. Data-parallel learners each take a part
+    (`TrainBatch.shard`): a learner's step takes as long as its tokens, so equal sums keep any one from waiting on
+    another that got all the long responses."""
+    if sum(sizes) != len(lengths) or min(sizes, default=0) < 0:
+        raise ValueError(f"parts of {list(sizes)} rows cannot hold exactly {len(lengths)} rows")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: equal lengths keep row order
+    parts: list[list[int]] = [[] for _ in sizes]
+    loads = [0] * len(sizes)
+    for i in order:
+        g = min((k for k in range(len(sizes)) if len(parts[k]) < sizes[k]), key=lambda k: loads[k])
+        parts[g].append(i)
+        loads[g] += lengths[i]
+    return [sorted(p) for p in parts]
+
+
 def at_least(groups: list[list[int]], lengths: Sequence[int], min_count: int) -> list[list[int]]:
     """`groups` split until there are `min_count` of them: the group with the most tokens among those of two or
     more rows is halved (rows alternating by length, so both halves hold about half the tokens); when every group

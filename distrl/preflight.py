@@ -10,7 +10,9 @@
 - the reward function imports; every adapter to another standard that the config names (`distrl.standards`) has
   its package installed, else the line says which `pip install` brings it;
 - the run directory can be made and written, and `run.resume` / `run.overwrite` fit what is already there;
-- on the embedded cluster, the roles' CPUs and GPUs fit this machine.
+- on the embedded cluster, the roles' CPUs and GPUs fit this machine;
+- `kernels: liger` can run (liger-kernel installed, the model's type one it patches: `distrl.workers.kernel_support`),
+  else a role whose liger is the GPU default falls back to `plain`, with a note.
 
 Each problem is one line that starts with the config field it concerns; `check` reports them all at once, so one
 corrected re-run is enough. With `model.create_tiny_if_missing` a missing model is fine (it is built on first use,
@@ -30,6 +32,7 @@ from distrl.data.prompts import check_rows
 from distrl.data.sources import DataError
 from distrl.hub import HubError, is_hub_name, local_dir
 from distrl.run_dir import reuse_problem
+from distrl.workers.kernel_support import check_liger
 
 __all__ = ["PreflightError", "check", "context_length"]
 
@@ -71,6 +74,7 @@ def check(cfg: Config, training: bool = True) -> None:
     if training:
         _run_dir(cfg.run, problems)
         _resources(cfg, problems)
+        problems += check_liger(cfg, lambda path: _model_dir(path, "", "config.json", []))  # unresolved: _model's
     if problems:
         raise PreflightError(problems)
 

@@ -8,7 +8,8 @@ import torch
 
 from distrl.batching import advantages, gae_advantages, pad
 from distrl.config import AlgorithmConfig, KLInLoss, KLInReward
-from distrl.types.batches import Sequences, TrainBatch
+from distrl.micro_batches import balanced_parts
+from distrl.types.batches import Sequences, TrainBatch, in_row_order
 from distrl.types.rollouts import Episode, Rollouts, ScoredRollouts
 from tests.one_turn import one_turn
 
@@ -175,7 +176,9 @@ def test_shard_gives_each_learner_its_part_of_every_mini_batch():
     s = pad(Rollouts.concat([rollouts(), rollouts()]), PAD)  # rows 0..7
     b = train_batch(s, torch.arange(8.0)[:, None].expand(8, s.response_len).clone())  # row index as a tag
     shards = b.shard(2, mini_batches=2)
-    # mini-batches [0..3] and [4..7]; learner 0 takes [0, 1] of each, learner 1 takes [2, 3] of each
+    # mini-batches [0..3] and [4..7], real tokens 3 5 3 5 in each; dealt longest first to the learner with the
+    # fewest tokens (the first on ties): rows 1, 3 (5 tokens) to learners 0, 1, then rows 0, 2 (3) to 0, 1:
+    # learner 0 takes [0, 1] of each, learner 1 [2, 3] of each (8 tokens each)
     assert [sh.advantages[:, 0].tolist() for sh in shards] == [[0, 1, 4, 5], [2, 3, 6, 7]]
     assert [sh.sequences.policy_version.tolist() for sh in shards] == [[3, 3, 3, 3], [2, 2, 2, 2]]
     # Rows that divide evenly: each learner's mini-batches are its consecutive chunks of 4 / 2 rows, as unlabelled.
@@ -190,8 +193,10 @@ def test_shard_of_an_uneven_batch_keeps_the_mini_batch_count_and_splits_each_nea
     s = pad(Rollouts.concat([rollouts(), rollouts(), rollouts()]), PAD)
     b = train_batch(s, torch.arange(12.0)[:, None].expand(12, s.response_len).clone()).select(slice(0, 9))
     shards = b.shard(2, mini_batches=2)
-    # 9 rows -> mini-batches [0..3] and [4..8] (bounds round(0), round(4.5) = 4, 9); the first splits 2 + 2,
-    # the second [4, 5] + [6, 7, 8] (bounds 4, round(6.5) = 6, 9).
+    # 9 rows -> mini-batches [0..3] and [4..8] (bounds round(0), round(4.5) = 4, 9), real tokens 3 5 3 5 | 3 5 3 5
+    # 3; the first splits 2 + 2 rows ([0, 1] + [2, 3], as above), the second 2 + 3 (as the contiguous bounds 4,
+    # round(6.5) = 6, 9 would): rows 5, 7 (5 tokens) to learners 0, 1, row 4 to learner 0 (5 = 5, the first),
+    # which is then full, rows 6 and 8 to learner 1: [4, 5] + [6, 7, 8].
     assert [sh.advantages[:, 0].tolist() for sh in shards] == [[0, 1, 4, 5], [2, 3, 6, 7, 8]]
     assert [sh.mini_batch.tolist() for sh in shards] == [[0, 0, 1, 1], [0, 0, 1, 1, 1]]
     # Every learner takes 2 optimizer steps, on its part of the same mini-batch, whatever the local size says.
@@ -200,6 +205,49 @@ def test_shard_of_an_uneven_batch_keeps_the_mini_batch_count_and_splits_each_nea
     # One learner on the whole batch: the same 2 mini-batches.
     (whole,) = b.shard(1, mini_batches=2)
     assert [m.advantages[:, 0].tolist() for m in whole.mini_batches(4)] == [[0, 1, 2, 3], [4, 5, 6, 7, 8]]
+
+
+def lengths_batch(real_tokens: list[int]) -> TrainBatch:
+    """One row per entry, a 1-token prompt and real_tokens - 1 response tokens, its row index as its advantage."""
+    n = len(real_tokens)
+    s = pad(one_turn(prompt_ids=[[5]] * n, response_ids=[[11] * (k - 1) for k in real_tokens],
+                     rollout_logprobs=[[-0.1] * (k - 1) for k in real_tokens], response_texts=[""] * n,
+                     finish_reasons=["stop"] * n, group=list(range(n)), policy_version=[0] * n), PAD)
+    return train_batch(s, torch.arange(float(n))[:, None].expand(n, s.response_len).clone())
+
+
+def test_shard_deals_each_mini_batch_to_the_learners_by_tokens_longest_first():
+    b = lengths_batch([10, 9, 2, 8, 1, 1])
+    # One mini-batch, two learners of 3 rows. Longest first: row 0 (10) to learner 0, row 1 (9) to learner 1 (0 <
+    # 10 tokens), row 3 (8) to learner 1 (9 < 10: 17), row 2 (2) to learner 0 (10 < 17: 12), row 4 (1) to learner 0
+    # (12 < 17: 13, now full), row 5 (1) to learner 1 (18). Contiguous blocks would give 21 and 10 tokens.
+    assert [rows.tolist() for rows in b.shard_rows(2, 1)] == [[0, 2, 4], [1, 3, 5]]
+    shards = b.shard(2, 1)
+    assert [sh.advantages[:, 0].tolist() for sh in shards] == [[0, 2, 4], [1, 3, 5]]
+    assert [int(sh.sequences.attention_mask.sum()) for sh in shards] == [13, 18]
+    # Two mini-batches [0, 1, 2] and [3, 4, 5], each of 2 + 1 rows (bounds 0, round(1.5) = 2, 3): in the first,
+    # row 0 (10) to learner 0, row 1 (9) to learner 1, which is then full, row 2 to learner 0; in the second, row 3
+    # (8) to learner 0, row 4 (1) to learner 1, row 5 to learner 0.
+    shards = b.shard(2, 2)
+    assert [sh.advantages[:, 0].tolist() for sh in shards] == [[0, 2, 3, 5], [1, 4]]
+    assert [sh.mini_batch.tolist() for sh in shards] == [[0, 0, 1, 1], [0, 1]]
+    # Per-row results of the shards (here each row's tag) go back in the batch's row order.
+    rows = b.shard_rows(2, 2)
+    back = in_row_order([sh.advantages for sh in shards], rows)
+    assert torch.equal(back, b.advantages)
+    # test_learner's batch (real tokens 8 8 10 10 8 8 8 8), whose two-learner shards the learner tests train on:
+    # rows 2, 3 (10) to learners 0, 1, then the 8s alternate from learner 0 (10 = 10, the first): 34 tokens each.
+    from test_learner import batch
+
+    assert [r.tolist() for r in batch().shard_rows(2, 1)] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def test_balanced_parts_keep_the_part_sizes():
+    assert balanced_parts([5, 4, 3, 3, 3], [2, 3]) == [[0, 3], [1, 2, 4]]  # 5 -> 0, 4 -> 1, 3 -> 1 (4 < 5), 3 -> 0
+    # (5 < 7: full at 8), 3 -> 1 (10)
+    assert balanced_parts([], [0, 0]) == [[], []]
+    with pytest.raises(ValueError, match="cannot hold exactly 3 rows"):
+        balanced_parts([1, 2, 3], [1, 1])
 
 
 def test_mini_batch_labels_must_be_in_row_order_and_complete():

@@ -13,7 +13,7 @@ def test_the_benchmarks_model_has_qwen25_05bs_parameter_count():
 
     bench = load_bench()
     with torch.device("meta"):
-        model = Qwen2ForCausalLM(Qwen2Config(**bench.QWEN25_05B))
+        model = Qwen2ForCausalLM(Qwen2Config(**bench.SHAPES["0.5B"]))
     assert sum(p.numel() for p in model.parameters()) == 494_032_768  # Qwen2.5-0.5B's, tied head counted once
     assert model.lm_head.weight is model.model.embed_tokens.weight
 

@@ -1,6 +1,6 @@
-"""Defaults that depend on where a role runs (`Config._gpu_defaults`): with GPUs, a KL term's reference goes on the
-learners' GPUs, the learner, critic and reference compute in bfloat16 and the engines use CUDA graphs; on the CPU
-nothing changes; a value the config sets is always kept; and the resolved config reloads as itself."""
+"""Defaults that depend on where a role runs (`distrl.config.gpu_defaults`): with GPUs, a KL term's reference goes on
+the learners' GPUs, the learner, critic and reference compute in bfloat16 and the engines use CUDA graphs; on the
+CPU nothing changes; a value the config sets is always kept; and the resolved config reloads as itself."""
 
 from __future__ import annotations
 
@@ -85,6 +85,15 @@ def test_the_shipped_gpu_configs_run_bf16_roles_and_cuda_graphs(name):
         assert cfg.cluster.reference.num_gpus > 0 and cfg.reference.dtype == "bfloat16"
 
 
+@pytest.mark.parametrize("name", ["grpo-gsm8k.yaml", "grpo-math.yaml", "gspo-icepop.yaml", "dr-grpo-kl-reward.yaml"])
+def test_the_shipped_gpu_configs_fill_micro_batches_by_the_automatic_token_budget(name):
+    """None sets a micro_batch_size that would turn the GPU default (`auto`) off, for the learner or the reference."""
+    cfg = config.load(ROOT / "configs" / name)
+    roles = [cfg.learner, *([cfg.reference] if cfg.needs_reference else []), *([cfg.critic] if cfg.critic else [])]
+    assert [role.max_tokens_per_micro_batch for role in roles] == ["auto"] * len(roles)
+    assert not any("micro_batch_size" in role.model_fields_set for role in roles)
+
+
 def test_in_hybrid_mode_the_engine_and_reference_follow_the_learners_devices():
     cfg = config.from_dict({"model": {"path": "m"}, "data": {"path": "d.jsonl"}, "loss": {"kl": {"coef": 0.01}},
                             "cluster": {"colocate": "hybrid", "learner": {"num_gpus": 1}}})
@@ -96,6 +105,8 @@ def test_with_gpus_roles_take_liger_kernels_and_an_automatic_token_budget(tmp_pa
     cfg = load(tmp_path, GPUS, KL)
     assert (cfg.learner.kernels, cfg.reference.kernels) == ("liger", "liger")
     assert cfg.learner.max_tokens_per_micro_batch == cfg.reference.max_tokens_per_micro_batch == "auto"
+    # chosen by the defaults, not the config: the preflight may fall back from a defaulted liger (test_kernel_support)
+    assert not {"kernels", "dtype", "max_tokens_per_micro_batch"} & cfg.learner.model_fields_set
     cpu = load(tmp_path, KL)
     assert (cpu.learner.kernels, cpu.reference.kernels) == ("plain", "plain")
     assert cpu.learner.max_tokens_per_micro_batch is None and cpu.reference.max_tokens_per_micro_batch is None

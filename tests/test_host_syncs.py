@@ -12,8 +12,9 @@ import pytest
 import torch
 from test_critic import batch as critic_batch
 from test_learner import batch
+from test_sharding import _spawn
 
-from distrl.config import CriticConfig, LearnerConfig, LossConfig, ModelConfig, ReferenceConfig
+from distrl.config import CriticConfig, FSDPStrategy, LearnerConfig, LossConfig, ModelConfig, ReferenceConfig
 from distrl.workers.critic import Critic
 from distrl.workers.host_syncs import HostSyncs
 from distrl.workers.learner import Learner
@@ -99,3 +100,30 @@ def test_the_reference_and_the_critic_wait_once_per_call_or_step(tiny_model_dir)
     with HostSyncs() as update:
         critic.update(data)
     assert update.total == 1, update.report()
+
+
+def scenario_fsdp(rank: int, world: int, port: int, model_dir, out) -> dict:
+    """Two FSDP learners over gloo, each on its shard of 4 rows in 2 mini-batches of 2 micro-batches of one row:
+    the host waits in one update and in one scoring call, counted on rank 0."""
+    learner = Learner(ModelConfig(path=str(model_dir)),
+                      LearnerConfig(lr=1e-3, micro_batch_size=1, strategy=FSDPStrategy()), LossConfig(),
+                      temperature=1.0, norm_len=6, mini_batch_size=4, total_optimizer_steps=10, seed=0)
+    learner.connect("127.0.0.1", port, rank, world)
+    shard = batch().shard(world, 2)[rank]
+    data = replace(shard, old_logprobs=learner.logprobs(shard.sequences))
+    learner.update(data)
+    with HostSyncs() as update:
+        learner.update(data)
+    with HostSyncs() as scoring:
+        learner.logprobs(shard.sequences)
+    return {"update": torch.tensor(update.total), "scoring": torch.tensor(scoring.total),
+            "micro_batches": torch.tensor(len(learner.trainer.micro_rows))}
+
+
+def test_sharded_learners_wait_once_per_step_and_once_for_the_group(tiny_model_dir, tmp_path):
+    result = _spawn("test_host_syncs:scenario_fsdp", tiny_model_dir, tmp_path)
+    assert int(result["micro_batches"]) == 2
+    # The group's counts and the lockstep's forward passes of both mini-batches read together (1), then each
+    # optimizer step's figures (2): 3. Scoring: the lockstep's count (1) and the log-probs copied back (1).
+    assert int(result["update"]) == 3
+    assert int(result["scoring"]) == 2

@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import test_learner
 import torch
 
 from distrl import config
@@ -227,6 +228,49 @@ def test_a_push_is_checked_with_the_engine_awake(no_cuda_sync, level):
     worker.run("rollout", "check_weights", served, expected, "hybrid-0")
     assert parts.calls == [("sleep", level), ("wake_up", "weights"), ("load", 1, 1), ("fingerprint",),
                            ("wake_up", "kv_cache"), ("check", 1)]
+
+
+class Budgets:
+    """A learner's trainer or a reference: records the `reserved` bytes its `auto` budget is resolved with."""
+
+    def __init__(self, params: int = 0):
+        self.model = torch.nn.Linear(params, 1, bias=False) if params else None
+        self.resolved: list[float] = []
+
+    def resolve_token_budget(self, reserved: float = 0.0) -> None:
+        self.resolved.append(reserved)
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_the_budgets_are_resolved_beside_every_part_and_the_reference_leaves_room_for_adamw(offload):
+    """Once every part is built and the engine asleep: the learner's budget from the free memory as it is, the
+    reference's less the learner's AdamW moments (8 bytes for each of its 1000 trained parameters), which are on the
+    device while the reference scores unless they leave it while the engine generates."""
+    worker = object.__new__(hybrid.HybridWorker)
+    trainer, reference = Budgets(params=1000), Budgets()
+    worker.learner = type("FakeLearner", (), {"trainer": trainer})()
+    worker.parts = {"learner": worker.learner, "reference": reference}
+    worker.turns = DeviceTurns(FakeParts(), lambda: None, "cuda", sleep_level=1, offload_optimizer=offload,
+                               enabled=True)
+    worker.resolve_token_budgets()
+    assert trainer.resolved == [0.0] and reference.resolved == [0 if offload else 8_000]
+
+
+def test_a_learner_sharing_its_device_waits_to_resolve_its_budget(tiny_model_dir):
+    cfg = config.LearnerConfig(max_tokens_per_micro_batch="auto")
+    learner = Learner(config.ModelConfig(path=str(tiny_model_dir)), cfg, config.LossConfig(), temperature=1.0,
+                      norm_len=4, mini_batch_size=8, total_optimizer_steps=1, seed=0, share_device=True)
+    assert learner.trainer.token_budget is None
+    with pytest.raises(RuntimeError, match="'auto' is not resolved yet"):
+        learner.trainer.micro_batches(test_learner.batch().sequences)
+    learner.trainer.resolve_token_budget()
+    assert learner.trainer.token_budget == 8192  # the CPU's
+    reference = ReferenceWorker(config.ReferenceConfig(max_tokens_per_micro_batch="auto"),
+                                config.ModelConfig(path=str(tiny_model_dir)), 1.0, share_device=True)
+    with pytest.raises(RuntimeError, match="'auto' is not resolved yet"):
+        reference.logprobs(test_learner.batch().sequences)
+    reference.resolve_token_budget()
+    assert reference.token_budget == 8192
 
 
 # ---------------------------------------------------------------------------------------------------- views

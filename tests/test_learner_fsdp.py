@@ -28,10 +28,13 @@ def full_weights(learner) -> dict[str, torch.Tensor]:
     return learner.weight_bucket(everything, "float32")  # every learner takes part; learner 0's holds them
 
 
-def scenario(rank: int, world: int, port: int, model_dir: Path, out: Path, **settings) -> dict:
+def scenario(rank: int, world: int, port: int, model_dir: Path, out: Path, shard: TrainBatch | None = None,
+             **settings) -> dict:
+    """Two sharded learners on their shards of test_learner's batch (dealt by length, `TrainBatch.shard`: rows
+    [0, 2, 4, 6] and [1, 3, 5, 7], 34 tokens each), or on the `shard` given."""
     learner = make_learner(model_dir, strategy=FSDPStrategy(), **{**SETTINGS, **settings})
     learner.connect("127.0.0.1", port, rank, world)
-    shard = batch().shard(world, 1)[rank]
+    shard = batch().shard(world, 1)[rank] if shard is None else shard
     losses = []
     for _ in range(UPDATES):
         scored = replace(shard, old_logprobs=learner.logprobs(shard.sequences))
@@ -46,12 +49,14 @@ def scenario(rank: int, world: int, port: int, model_dir: Path, out: Path, **set
 
 
 def scenario_budget(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
-    """A token budget of 16: learner 0's rows (8, 8, 10, 10 tokens) make 3 micro-batches, learner 1's (8 tokens
-    each) 2, so learner 1 must split one to keep the forward passes in lockstep."""
+    """A token budget of 16 on contiguous halves of the batch (not the balanced shards, whose equal lengths make
+    equal counts): learner 0's rows (8, 8, 10, 10 tokens) make 3 micro-batches, learner 1's (8 tokens each) 2, so
+    learner 1 must split one to keep the forward passes in lockstep."""
     from distrl.micro_batches import micro_batches
 
     assert len(micro_batches([8, 8, 10, 10], 2, 16)) == 3 and len(micro_batches([8, 8, 8, 8], 2, 16)) == 2
-    return scenario(rank, world, port, model_dir, out, max_tokens_per_micro_batch=16)
+    half = replace(batch(), mini_batch=torch.zeros(8, dtype=torch.long)).select(slice(4 * rank, 4 * rank + 4))
+    return scenario(rank, world, port, model_dir, out, shard=half, max_tokens_per_micro_batch=16)
 
 
 def uneven_batch():
@@ -61,9 +66,10 @@ def uneven_batch():
 
 
 def scenario_uneven(rank: int, world: int, port: int, model_dir: Path, out: Path, strategy: str) -> dict:
-    """Two learners on a batch whose rows do not divide evenly: learner 0 holds rows [0, 1 | 4, 5], learner 1
-    [2, 3 | 6, 7, 8]; with micro-batches of 2 rows learner 1 needs 2 forward passes for its second part, learner 0
-    one (FSDP keeps them in lockstep)."""
+    """Two learners on a batch whose rows do not divide evenly: mini-batches [0..3] and [4..8] (real tokens 8 8 10
+    10 | 8 8 8 8 8), dealt by length (`TrainBatch.shard`): learner 0 holds rows [0, 2 | 4, 6], learner 1 [1, 3 |
+    5, 7, 8]; with micro-batches of 2 rows learner 1 needs 2 forward passes for its second part, learner 0 one
+    (FSDP keeps them in lockstep)."""
     learner = make_learner(model_dir, strategy=FSDPStrategy() if strategy == "fsdp" else ReplicateStrategy(),
                            **SETTINGS)
     learner.connect("127.0.0.1", port, rank, world)
@@ -85,6 +91,7 @@ def scenario_uneven_fsdp(rank: int, world: int, port: int, model_dir: Path, out:
 
 @pytest.mark.parametrize("strategy", ["replicate", "fsdp"])
 def test_two_learners_on_an_uneven_batch_train_as_one_learner_on_all_of_it(tiny_model_dir, tmp_path, strategy):
+    assert [rows.tolist() for rows in uneven_batch().shard_rows(2, 2)] == [[0, 2, 4, 6], [1, 3, 5, 7, 8]]
     result = _spawn(f"test_learner_fsdp:scenario_uneven_{strategy}", tiny_model_dir, tmp_path)
     single = make_learner(tiny_model_dir, **SETTINGS)
     (whole,) = uneven_batch().shard(1, 2)
@@ -168,9 +175,10 @@ def test_two_sharded_critics_train_as_one_replicated_critic(tiny_model_dir, tmp_
     losses = [values(single.update(with_values(single, data)))["critic/value_loss"] for _ in range(UPDATES)]
     after = single.values(data.sequences)
     # The head the sharded critics initialised is the replica's (same seed), and training moves both alike.
-    torch.testing.assert_close(result["before"], before[:4], rtol=0, atol=1e-6)  # learner 0: rows 0-3
+    mine = data.shard_rows(2, 1)[0]  # critic 0's rows, dealt by length (TrainBatch.shard)
+    torch.testing.assert_close(result["before"], before[mine], rtol=0, atol=1e-6)
     torch.testing.assert_close(result["losses"], torch.tensor(losses), rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(result["after"], after[:4], rtol=0, atol=1e-4)
+    torch.testing.assert_close(result["after"], after[mine], rtol=0, atol=1e-4)
 
 
 # ------------------------------------------------------------------------------------------- leaving the group

@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 import torch
 
+from distrl.micro_batches import micro_batches
 from distrl.types.batches import Sequences
-from distrl.workers.model import padded_response_logprobs, response_logprobs, score_in_micro_batches
+from distrl.workers.model import padded_response_logprobs, response_logprobs, score_in_micro_batches, score_rows
 from distrl.workers.packed_attention import PACKED_ATTENTION, sequence_bounds
 
 
@@ -119,8 +120,14 @@ def test_scoring_by_a_token_budget_keeps_row_order(model, max_tokens):
     seqs = ragged(*BATCH)
     with torch.no_grad():
         whole = padded_response_logprobs(model, seqs, 1.0)[0] * seqs.response_mask
-    scored = score_in_micro_batches(model, seqs, 1.0, micro_batch_size=2, max_tokens=max_tokens, min_count=3)
+    scored = score_in_micro_batches(model, seqs, 1.0, micro_batch_size=2, max_tokens=max_tokens)
     assert torch.allclose(scored, whole, atol=2e-5, rtol=0)
+    # At least 6 groups for 5 rows: split until one row each, then an empty group (a lockstep's), still in order.
+    groups = micro_batches(seqs.attention_mask.sum(-1).tolist(), 2, max_tokens, min_count=6)
+    assert len(groups) == 6 and [] in groups
+    rows = score_rows(lambda micro, layout: response_logprobs(model, micro, 1.0, layout=layout)[0], seqs, groups,
+                      "cpu")
+    assert torch.allclose(rows, whole, atol=2e-5, rtol=0)
 
 
 def test_the_pack_is_one_row_of_the_real_tokens():

@@ -44,3 +44,16 @@ def test_the_budget_is_the_free_memory_left_over_per_token(monkeypatch):
 
 def test_on_the_cpu_auto_is_a_fixed_budget():
     assert auto_token_budget(Model(10), "cpu", training=True) == CPU_TOKENS == 8192
+
+
+def test_memory_that_other_parts_will_take_is_left_out(monkeypatch):
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (12 * gib, 80 * gib))
+    # Scoring (no gradients): 1e6 parameters' bf16 casts, 2 MB; margin 8.4 GiB; 2 x 87,680 = 175,360 bytes a token.
+    # (12 - 8.4) GiB - 2 MB = 3.8635e9 bytes: 22,031 tokens; with 2 GiB reserved (a hybrid learner's AdamW
+    # moments), 1.6 GiB - 2 MB = 1.7160e9 bytes: 9,785 tokens.
+    assert auto_token_budget(Model(10**6), "cuda", training=False) == 22_031
+    assert auto_token_budget(Model(10**6), "cuda", training=False, reserved=2 * gib) == 9_785
+    # 3.58 GiB reserved leaves 0.02 GiB - 2 MB, room for 111 tokens
+    with pytest.raises(ValueError, match=r"the other parts on the device 3.6 GiB.*fewer than 512 tokens"):
+        auto_token_budget(Model(10**6), "cuda", training=False, reserved=3.58 * gib)

@@ -5,7 +5,10 @@ micro-batch) and keeps them for the backward pass. Here the forward pass visits 
 `[c, V]` are made in the compute dtype, upcast to float32, reduced to the chunk's logsumexp, log-probs and entropies,
 and dropped; only `hidden`, `W` and the `[K]` logsumexp (and entropy) are saved. The backward pass makes each
 chunk's logits again (one more matrix product, the price of never keeping them) and turns them into the chunk's
-gradients with respect to the hidden states and the head's weight. The idea of Liger-Kernel's fused linear cross
+gradients with respect to the hidden states and the head's weight. When all K tokens fit in one chunk (a small
+vocabulary, as on the CPU test models, or few tokens), that chunk's logits are kept for the backward pass instead:
+memory stays within one chunk's bytes either way, and the second head product, a few percent of a small model's
+step, is saved. The idea of Liger-Kernel's fused linear cross
 entropy and of Apple's cut-cross-entropy, in plain torch, with the entropy as well (neither library gives it).
 
 With temperature tau and logits z = W h (+ b), x = z / tau, log p = x - logsumexp(x):
@@ -48,6 +51,7 @@ class _LinearLogprobs(torch.autograd.Function):
         logprobs = torch.empty(k, dtype=dtype, device=hidden.device)
         lse = torch.empty(k, dtype=dtype, device=hidden.device)
         entropy = torch.empty(k if with_entropy else 0, dtype=dtype, device=hidden.device)
+        kept = None
         for s in range(0, k, chunk):
             x = _scaled_logits(hidden[s:s + chunk], weight, bias, temperature)
             lse[s:s + chunk] = torch.logsumexp(x, -1)
@@ -55,7 +59,8 @@ class _LinearLogprobs(torch.autograd.Function):
             if with_entropy:  # H = logsumexp(x) - sum_j p_j x_j
                 p = x.sub(lse[s:s + chunk, None]).exp_()
                 entropy[s:s + chunk] = lse[s:s + chunk] - (p * x).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+            kept = x if k <= chunk else None  # one chunk holds every token: its logits serve the backward too
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy, kept)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(lse)
         return logprobs, entropy
@@ -64,7 +69,7 @@ class _LinearLogprobs(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None,
                  ) -> tuple[torch.Tensor | None, ...]:
-        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        hidden, weight, bias, targets, lse, entropy, kept = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         # Accumulated over chunks in float32 at least: each chunk adds a partial sum over its tokens.
@@ -74,7 +79,8 @@ class _LinearLogprobs(torch.autograd.Function):
                      if bias is not None and ctx.needs_input_grad[2] else None)
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s:s + chunk]
-            logp = _scaled_logits(h, weight, bias, tau).sub_(lse[s:s + chunk, None])
+            logp = (kept.sub(lse[:, None]) if kept is not None
+                    else _scaled_logits(h, weight, bias, tau).sub_(lse[s:s + chunk, None]))
             p = logp.exp()
             dx = torch.zeros_like(p)
             if grad_entropy is not None and entropy.numel():  # -p_j (log p_j + H) g_H

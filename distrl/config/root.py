@@ -1,5 +1,6 @@
 """`Config`, the root of the tree: its sections, sizes derived from them, and the checks that span sections (each
-message names every field it involves)."""
+message names every field it involves; the critic's, hybrid mode's and LoRA's in `checks`), with the defaults that
+depend on where a role runs applied first (`gpu_defaults`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pydantic import Field, model_validator
 
 from distrl.config.algorithm import GROUP_ESTIMATORS, AlgorithmConfig
 from distrl.config.base import Section
+from distrl.config.checks import critic_problems, hybrid_problems, lora_problems
 from distrl.config.cluster import ClusterConfig
 from distrl.config.env import EnvConfig
 from distrl.config.eval import EvalConfig
+from distrl.config.gpu_defaults import apply_gpu_defaults, kernel_problems
 from distrl.config.gpus import gpu_sharing_problems, idle_gpu_warnings
 from distrl.config.learner import CriticConfig, LearnerConfig, ReferenceConfig
 from distrl.config.loop import AsyncLoop, Loop, SyncLoop
@@ -154,56 +157,10 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _gpu_defaults(self) -> Config:
-        """The defaults that depend on where a role runs, for the fields the config leaves out (a field it sets,
-        even to the plain default, is kept; the run's saved config.yaml holds the values chosen here):
-
-        - `cluster.reference.num_gpus`: the learners' `num_gpus` when a KL term needs a reference and the learners
-          have GPUs. Placed, not only warned about: a reference left on the CPU beside GPU learners scores every
-          batch in float32 on half a core (`cluster.reference.num_cpus`), the slowest role of every step, and a
-          warning in a long log is easy to miss; a cluster without a spare GPU then fails at placement (preflight
-          names the GPUs it lacks) and `cluster.reference.num_gpus: 0` keeps it on the CPU.
-        - `learner.dtype`, `critic.dtype`, `reference.dtype`: bfloat16 for a role with GPUs (weights and AdamW state
-          stay float32; on a GPU float32 matmuls run many times slower). On the CPU float32, the exact reference.
-        - `rollout.enforce_eager`: false for engines with GPUs (CUDA graphs and torch.compile: slower start-up, much
-          faster decoding); true on the CPU, whose vLLM build runs eagerly.
-        - `learner.max_tokens_per_micro_batch`, `critic...`, `reference...`: `auto` for a role with GPUs whose config
-          sets neither it nor `micro_batch_size` (micro-batches by a token budget that follows the model's size and
-          the GPU's memory, resolved on the role's GPU: docs/learner-performance.md); fixed counts on the CPU.
-        - `learner.kernels`, `critic.kernels`, `reference.kernels`: `liger` for a role with GPUs (fused RMSNorm,
-          rotary embedding and SwiGLU; `plain` on the CPU, where the Triton kernels do not run).
-
-        In hybrid mode the engine and the reference run on the learners' devices (`cluster.learner`).
-        """
-        cluster = self.cluster
-        hybrid = cluster.hybrid_mode  # the engine and the reference run on the learners' devices
-        if (self.needs_reference and cluster.learner.num_gpus > 0 and not hybrid
-                and "num_gpus" not in cluster.reference.model_fields_set):
-            cluster.reference.num_gpus = cluster.learner.num_gpus
-        for section, role in ((self.learner, cluster.learner), (self.critic, cluster.critic),
-                              (self.reference, cluster.learner if hybrid else cluster.reference)):
-            if section is None or role.num_gpus <= 0:
-                continue
-            if "dtype" not in section.model_fields_set:
-                section.dtype = "bfloat16"
-            if "kernels" not in section.model_fields_set:
-                section.kernels = "liger"
-            if not {"max_tokens_per_micro_batch", "micro_batch_size"} & section.model_fields_set:
-                section.max_tokens_per_micro_batch = "auto"
-        engines = cluster.learner if hybrid else cluster.rollout
-        if engines.num_gpus > 0 and "enforce_eager" not in self.rollout.model_fields_set:
-            self.rollout.enforce_eager = False
+        """The defaults that depend on where a role runs (`gpu_defaults.apply_gpu_defaults`)."""
+        apply_gpu_defaults(self.cluster, self.rollout, self.learner, self.critic, self.reference,
+                           self.needs_reference)
         return self
-
-    def _kernel_problems(self) -> list[str]:
-        """Fused kernels asked for a role that runs on the CPU (they are CUDA's)."""
-        hybrid = self.cluster.hybrid_mode
-        roles = (("learner", self.learner, self.cluster.learner), ("critic", self.critic, self.cluster.critic),
-                 ("reference", self.reference if self.needs_reference else None,
-                  self.cluster.learner if hybrid else self.cluster.reference))
-        return [f"{name}.kernels '{section.kernels}' needs a GPU, and the {name} runs on the CPU "
-                f"(cluster.{'learner' if hybrid and name == 'reference' else name}.num_gpus is 0): set "
-                f"{name}.kernels: plain" for name, section, role in roles
-                if section is not None and section.kernels != "plain" and role.num_gpus <= 0]
 
     @model_validator(mode="after")
     def _held_out_is_held_out(self) -> Config:
@@ -239,10 +196,12 @@ class Config(Section):
         if adv in GROUP_ESTIMATORS and g < 2:
             errors.append(f"algorithm.advantage '{adv}' compares samples within a group and needs "
                           f"rollout.n_samples_per_prompt >= 2 (got {g})")
-        errors += self._critic_problems()
-        errors += self._hybrid_problems()
-        errors += self._lora_problems()
-        errors += self._kernel_problems()
+        errors += critic_problems(self.critic, self.cluster, self.algorithm.advantage, self.global_batch_size,
+                                  self.critic_mini_batch_size)
+        errors += hybrid_problems(self.cluster, self.rollout, self.max_staleness)
+        errors += lora_problems(self.learner, self.reference, self.cluster, self.needs_ref_logprobs)
+        errors += kernel_problems(self.cluster, self.learner, self.critic,
+                                  self.reference if self.needs_reference else None)
         batch, mini = self.global_batch_size, self.mini_batch_size
         learners, micro = self.cluster.learner.num_actors, self.learner.micro_batch_size
         if batch % mini:
@@ -295,24 +254,6 @@ class Config(Section):
             warnings.warn(line, UserWarning, stacklevel=2)
         return self
 
-    def _lora_problems(self) -> list[str]:
-        """What `learner.lora` cannot be combined with, and why."""
-        if self.learner.lora is None:
-            return []
-        errors = []
-        if self.learner.strategy.type == "fsdp" and self.learner.strategy.cpu_offload:
-            errors.append("learner.lora with learner.strategy.cpu_offload: peft places the adapters beside the base's "
-                          "CPU-resident shards, and FSDP brings only the base to the GPU for each layer; set "
-                          "cpu_offload false (the frozen base has no gradients or optimizer state to offload)")
-        if self.needs_ref_logprobs and self.reference.path is not None:
-            errors.append(f"learner.lora with reference.path {self.reference.path!r}: with adapters the reference is "
-                          f"the learners' base model (the adapters disabled), not another model; set "
-                          f"reference.path null")
-        if self.cluster.weight_sync == "nccl":
-            errors.append("learner.lora with cluster.weight_sync 'nccl': a push sends only the adapters (megabytes), "
-                          "through the object store; set cluster.weight_sync 'auto' or 'object_store'")
-        return errors
-
     @property
     def critic_mini_batch_size(self) -> int:
         """Sequences per critic optimizer step (the whole batch when `critic.mini_batch_size` is null)."""
@@ -322,56 +263,6 @@ class Config(Section):
     def critic_mini_batches(self) -> int:
         """Critic optimizer steps per pass over a step's batch: global_batch_size / critic_mini_batch_size."""
         return self.global_batch_size // self.critic_mini_batch_size
-
-    def _critic_problems(self) -> list[str]:
-        """GAE and the critic come together; the critic's batch arithmetic is the learner's."""
-        gae = self.algorithm.advantage == "gae"
-        if gae and self.critic is None:
-            return ["algorithm.advantage 'gae' needs a value model: add a `critic` section (critic.path null trains "
-                    "the policy's model with a scalar value head)"]
-        if self.critic is None:
-            return []
-        if not gae:
-            return [f"a `critic` section is only used by algorithm.advantage 'gae' (got "
-                    f"'{self.algorithm.advantage}'): remove the critic or set algorithm.advantage: gae"]
-        errors = []
-        batch, mini = self.global_batch_size, self.critic_mini_batch_size
-        critics, micro = self.cluster.critic.num_actors, self.critic.micro_batch_size
-        if batch % mini:
-            errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
-                          f"critic.mini_batch_size ({mini})")
-        if mini % (critics * (1 if self.critic.max_tokens_per_micro_batch else micro)):
-            errors.append(f"critic.mini_batch_size ({mini}) must be divisible by cluster.critic.num_actors "
-                          f"({critics})" + ("" if self.critic.max_tokens_per_micro_batch else
-                                            f" x critic.micro_batch_size ({micro})"))
-        if self.cluster.backend == "local" and critics > 1:
-            errors.append(f"cluster.backend 'local' runs one critic in the driver's process; "
-                          f"cluster.critic.num_actors is {critics}")
-        if self.cluster.backend == "local" and self.critic.strategy.type == "fsdp":
-            errors.append("critic.strategy 'fsdp' shards the value model over the critics' process group, which "
-                          "cluster.backend 'local' does not have; use cluster.backend 'ray'")
-        return errors
-
-    def _hybrid_problems(self) -> list[str]:
-        """A hybrid actor is a learner with its own engine (`cluster.rollout` and `cluster.reference` are not used):
-        one engine per learner, weights passed in memory."""
-        c = self.cluster
-        if not c.hybrid_mode:
-            return []
-        errors = []
-        if self.max_staleness > 1:
-            errors.append(f"loop.max_staleness {self.max_staleness} with cluster.colocate 'hybrid': a hybrid actor "
-                          f"generates and trains in turns, so batches generated further ahead would only be staler; "
-                          f"its asynchronous loop is one step off (loop.max_staleness 1)")
-        if c.weight_sync != "auto":
-            errors.append(f"cluster.weight_sync '{c.weight_sync}' with cluster.colocate 'hybrid': each hybrid actor "
-                          f"passes the weights to its own engine in memory; leave cluster.weight_sync 'auto'")
-        if (self.rollout.chunks_per_engine or 1) > 1:
-            errors.append(f"rollout.chunks_per_engine {self.rollout.chunks_per_engine} with cluster.colocate "
-                          f"'hybrid': a hybrid actor runs one call at a time, so a second chunk would wait for the "
-                          f"first; its engine serves one chunk, whose episodes all share it at once (leave "
-                          f"rollout.chunks_per_engine null, or raise rollout.chunk_prompts)")
-        return errors
 
     def unplaceable(self, have: float, what: str, resource: str) -> str | None:
         """Why the roles' `resource` (num_cpus or num_gpus) cannot fit in the `have` of one node (`what` names

@@ -32,7 +32,7 @@ from distrl.evaluator import Evaluator
 from distrl.metrics import BusyClock, PhaseTimer
 from distrl.reward_watch import RewardWatch
 from distrl.run_dir import RunDir
-from distrl.types.batches import Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch, in_row_order
 from distrl.types.prompt import Prompt
 from distrl.types.rollouts import Rollouts, ScoredRollouts
 from distrl.workers.critic import Critic
@@ -160,24 +160,27 @@ def correction_by_staleness(job: Job, sequences: Sequences, old_logprobs: torch.
 
 @dataclass
 class Updating:
-    """The update calls of one step: the learners', and the critics' running beside them (None without a critic)."""
+    """The update calls of one step: the learners', the rows of the batch each learner was given
+    (`TrainBatch.shard_rows`), and the critics' calls running beside them (None without a critic)."""
 
     learner: list[Any]
+    learner_rows: list[torch.Tensor]
     critic: list[Any] | None
 
 
 def start_update(job: Job, batch: TrainBatch) -> Updating:
     """One update on every learner, each on its part of every mini-batch; with a critic, its update on the same
     batch at the same time. The config's number of mini-batches holds whatever the batch's row count (episodes of
-    several sequences make it vary): `TrainBatch.shard` cuts the rows into that many near-equal ones."""
+    several sequences make it vary): `TrainBatch.shard` cuts the rows into that many near-equal ones, and deals each
+    one's rows to the learners by their tokens, longest first (balanced)."""
     job.learner_clock.start()
-    shards = batch.shard(len(job.roles.learner), job.cfg.mini_batches)
-    learner = job.roles.learner.map_shards(Learner.update, shards)
+    learners, mini_batches = len(job.roles.learner), job.cfg.mini_batches
+    learner = job.roles.learner.map_shards(Learner.update, batch.shard(learners, mini_batches))
     critic = None
     if job.roles.critic is not None:
         parts = batch.shard(len(job.roles.critic), job.cfg.critic_mini_batches)
         critic = job.roles.critic.map_shards(Critic.update, parts)
-    return Updating(learner, critic)
+    return Updating(learner, batch.shard_rows(learners, mini_batches), critic)
 
 
 def finish_update(job: Job, handles: Updating, batch: TrainBatch, step: int) -> dict[str, float]:
@@ -192,9 +195,10 @@ def finish_update(job: Job, handles: Updating, batch: TrainBatch, step: int) -> 
         figs.update(merging.merge(critics, [r["critic/tokens"].value for r in critics]))
     metrics = merging.values(figs)
     if batch.old_logprobs is None:
-        # One mini-batch: learner k's shard is the k-th contiguous block of rows (TrainBatch.shard).
-        old = torch.cat(job.roles.backend.answer(job.roles.learner.map(Learner.proximal_logprobs),
-                                                 "the learners' proximal log-probs", job.cfg.cluster.call_timeout_s))
+        # Learner k's proximal log-probs are of its shard's rows, which the shard dealt by length (TrainBatch.shard).
+        old = in_row_order(job.roles.backend.answer(job.roles.learner.map(Learner.proximal_logprobs),
+                                                    "the learners' proximal log-probs", job.cfg.cluster.call_timeout_s),
+                           handles.learner_rows)
         metrics.update(correction_by_staleness(job, batch.sequences, old, step))
     return metrics
 

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from distrl.micro_batches import balanced_parts
+
 R = TypeVar("R", "Sequences", "TrainBatch")
 
 
@@ -28,6 +30,12 @@ def _map_rows(batch: R, fn: Callable[[torch.Tensor], torch.Tensor]) -> R:
     return replace(batch, **changes)
 
 
+def on_host(batch: R) -> R:
+    """`batch` itself when its tensors are in host memory, else copied there (once): where micro-batches and their
+    packed layouts are made."""
+    return batch if batch.response_mask.device.type == "cpu" else batch.to("cpu")
+
+
 def _split_rows(batch: R, n: int) -> list[R]:
     """n contiguous shards whose sizes differ by at most one (equal when n divides B)."""
     size = batch.batch_size
@@ -39,6 +47,24 @@ def _split_rows(batch: R, n: int) -> list[R]:
 
 def _chunk_rows(batch: R, size: int) -> list[R]:
     return [batch.select(slice(i, i + size)) for i in range(0, batch.batch_size, size)]
+
+
+def _mini_batch_bounds(size: int, mini_batches: int, n: int) -> list[int]:
+    """Row bounds of `mini_batches` contiguous mini-batches of a batch of `size` rows (sizes that differ by at most
+    one), each of at least one row for each of n learners."""
+    if mini_batches <= 0 or n <= 0 or size < mini_batches * n:
+        raise ValueError(f"TrainBatch.shard: a batch of {size} rows does not make {mini_batches} mini-batches of at "
+                         f"least one row for each of {n} learners")
+    return [round(j * size / mini_batches) for j in range(mini_batches + 1)]
+
+
+def in_row_order(parts: list[torch.Tensor], rows: list[torch.Tensor]) -> torch.Tensor:
+    """Per-row results of the shards (`parts[k]`, `[b_k, ...]`, for the rows `rows[k]` of `TrainBatch.shard_rows`)
+    in the batch's row order: `[B, ...]`."""
+    index = torch.cat(rows)
+    out = torch.empty((len(index), *parts[0].shape[1:]), dtype=parts[0].dtype)
+    out[index] = torch.cat(parts)
+    return out
 
 
 @dataclass(frozen=True)
@@ -186,19 +212,31 @@ class TrainBatch:
         return _chunk_rows(self, size)
 
     def shard(self, n: int, mini_batches: int) -> list[TrainBatch]:
-        """n data-parallel shards of `mini_batches` mini-batches (the config's optimizer steps per pass). The B rows
-        are cut into `mini_batches` contiguous mini-batches whose sizes differ by at most one, each into n
-        contiguous parts likewise; shard k holds the k-th part of every mini-batch, its rows labelled with their
-        mini-batch (`mini_batch`), so every learner takes the same optimizer steps, each on its part of the same
-        global mini-batch, and M learners take exactly the steps one learner would (the loss divides by counts
-        all-reduced over the learners, so unequal parts weigh their rows as one learner would). A batch whose rows
-        divide evenly gives every learner `B / mini_batches / n` rows of each."""
-        if mini_batches <= 0 or n <= 0 or self.batch_size < mini_batches * n:
-            raise ValueError(f"TrainBatch.shard: a batch of {self.batch_size} rows does not make {mini_batches} "
-                             f"mini-batches of at least one row for each of {n} learners")
-        parts = [replace(mini, mini_batch=torch.full((mini.batch_size,), j, dtype=torch.long)).split(n)
-                 for j, mini in enumerate(_split_rows(self, mini_batches))]
-        return [TrainBatch.concat([p[k] for p in parts]) for k in range(n)]
+        """n data-parallel shards of `mini_batches` mini-batches (the config's optimizer steps per pass): shard k
+        is the rows `shard_rows(n, mini_batches)[k]`, each labelled with its mini-batch (`mini_batch`), so every
+        learner takes the same optimizer steps, each on its part of the same global mini-batch, and M learners take
+        exactly the steps one learner would (the loss divides by counts all-reduced over the learners, so parts of
+        any size weigh their rows as one learner would)."""
+        bounds = _mini_batch_bounds(self.batch_size, mini_batches, n)
+        labels = torch.cat([torch.full((b - a,), j, dtype=torch.long) for j, (a, b) in enumerate(pairwise(bounds))])
+        labelled = replace(self, mini_batch=labels)
+        return [labelled.select(rows) for rows in self.shard_rows(n, mini_batches)]
+
+    def shard_rows(self, n: int, mini_batches: int) -> list[torch.Tensor]:
+        """The rows (indices into this batch, `[b_k]` long, ascending) of each of n data-parallel shards: the B rows
+        are cut into `mini_batches` contiguous mini-batches whose sizes differ by at most one, and each mini-batch's
+        rows are dealt to the n shards by their real tokens, longest first, each to the shard with the fewest
+        tokens so far among those with room (`distrl.micro_batches.balanced_parts`), a shard taking as many rows
+        as the k-th of n contiguous parts would (sizes that differ by at most one). Shard k's rows are its rows of
+        mini-batch 0, then of mini-batch 1, ...; `in_row_order` puts per-row results of the shards back in the
+        batch's order."""
+        lengths = self.sequences.attention_mask.sum(-1).tolist()
+        shards: list[list[int]] = [[] for _ in range(n)]
+        for a, b in pairwise(_mini_batch_bounds(self.batch_size, mini_batches, n)):
+            sizes = [round((k + 1) * (b - a) / n) - round(k * (b - a) / n) for k in range(n)]
+            for k, part in enumerate(balanced_parts(lengths[a:b], sizes)):
+                shards[k] += [a + i for i in part]
+        return [torch.tensor(rows, dtype=torch.long) for rows in shards]
 
     def mini_batches(self, size: int) -> list[TrainBatch]:
         """This (shard of a) batch's mini-batches, one per optimizer step, in order: the rows of each `mini_batch`

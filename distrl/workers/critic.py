@@ -17,12 +17,12 @@ from distrl import checkpoint
 from distrl.algo import masked_mean, value_loss
 from distrl.config import CriticConfig, FSDPStrategy, ModelConfig
 from distrl.merging import Figures, Merge
-from distrl.types.batches import Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch, on_host
 from distrl.workers import dist, sharding
-from distrl.workers.device import granted_device, to_device
+from distrl.workers.device import granted_device
 from distrl.workers.hf_export import HFExport
 from distrl.workers.kernels import apply_kernels
-from distrl.workers.model import DTYPES, packed_inputs, resolve_model_path, tokenizer_path
+from distrl.workers.model import DTYPES, packed_inputs, resolve_model_path, score_rows, tokenizer_path
 from distrl.workers.packed_attention import PACKED_ATTENTION
 from distrl.workers.packing import Layout, host_layout
 from distrl.workers.sharding.load import init_fresh
@@ -126,22 +126,15 @@ class Critic:
         return dist.free_port(host)
 
     # ------------------------------------------------------------------------------------------------- scoring
-    @torch.no_grad()
     def values(self, sequences: Sequences) -> torch.Tensor:
         """Values of the response positions before the update (GAE's V, the value loss's old values), no
-        gradient: `[B, T]` float32 on CPU, 0 on padding."""
+        gradient: `[B, T]` float32 on CPU, 0 on padding; in the micro-batches the update forms (token budget,
+        lockstep)."""
+        seqs = on_host(sequences)  # micro-batches and layouts are made there
         self.model.eval()
         try:
-            seqs = sequences.to("cpu") if sequences.input_ids.device.type != "cpu" else sequences
-            out = torch.zeros(seqs.response_mask.shape, dtype=torch.float32, device=self.device)
-            with self.trainer.precision:  # micro-batches as the update forms them (token budget, lockstep)
-                for rows in self.trainer.micro_batches(seqs):
-                    # An empty group (lockstep) still makes its forward pass, a collective when sharded.
-                    index = torch.tensor(rows, dtype=torch.long)
-                    micro = seqs.select(index)
-                    out[to_device(index, self.device)] = response_values(self.model, micro,
-                                                                         host_layout(micro).to(self.device))
-            return out.cpu().masked_fill(seqs.response_mask == 0, 0.0)
+            return score_rows(lambda micro, layout: response_values(self.model, micro, layout), seqs,
+                              self.trainer.micro_batches(seqs), self.device)
         finally:
             self.model.train()
 

@@ -34,6 +34,7 @@ from distrl.workers.engine_loop import EngineLoop
 from distrl.workers.learner import Learner
 from distrl.workers.reference import ReferenceWorker
 from distrl.workers.rollout import RolloutWorker
+from distrl.workers.token_budget import ADAMW_BYTES, trained_parameters
 
 ENGINE_CALLS = {("rollout", "generate"), ("rollout", "score"), ("rollout", "check_weights")}
 """Calls that run the engine: it must be awake, with its KV cache, and the optimizer's state may leave the device."""
@@ -156,10 +157,10 @@ class HybridWorker:
     def __init__(self, learner: tuple[tuple, dict], rollout: tuple[tuple, dict],
                  reference: tuple[tuple, dict] | None, cfg: HybridConfig, *, dtype: str, bucket_bytes: int,
                  full_pushes: bool, sync_loop: bool, grouped: bool):
-        self.learner = Learner(*learner[0], **learner[1])
+        self.learner = Learner(*learner[0], **learner[1], share_device=True)
         self.parts: dict[str, Any] = {"learner": self.learner}
         if reference is not None:
-            self.parts["reference"] = ReferenceWorker(*reference[0], **reference[1])
+            self.parts["reference"] = ReferenceWorker(*reference[0], **{**reference[1], "share_device": True})
         self.dtype, self.bucket_bytes = dtype, bucket_bytes
         self._specs: list[export.Spec] | None = None  # the push's bucket layout, once the model is built
         # Level 2 discards the engine's weights: safe when a push reloads them all before the engine next runs,
@@ -184,6 +185,20 @@ class HybridWorker:
                                  enabled=self.rollout.on_gpu)
         self.turns.learner_turn(training=False)
         self.threads = ThreadTurns(self.rollout.engine)
+        self.resolve_token_budgets()
+
+    def resolve_token_budgets(self) -> None:
+        """The learner's and the reference's `auto` token budgets, once every part is built and the engine asleep
+        (as it is whenever they compute), from the memory then free: the learner's beside the reference's weights
+        and the engine's sleeping remainder; the reference's also less the learner's AdamW moments, made at its
+        first step and on the device while the reference scores unless they leave it while the engine generates
+        (`cluster.hybrid.offload_optimizer`)."""
+        trainer = self.learner.trainer
+        trainer.resolve_token_budget()
+        reference = self.parts.get("reference")
+        if reference is not None:
+            offloaded = self.turns.enabled and self.turns.offload
+            reference.resolve_token_budget(0 if offloaded else ADAMW_BYTES * trained_parameters(trainer.model))
 
     def connect(self, master_addr: str, master_port: int, rank: int, world_size: int,
                 timeout_s: float = dist.default_pg_timeout.total_seconds()) -> str:

@@ -17,13 +17,13 @@ from distrl.algo import LossInputs, compute_loss
 from distrl.algo.loss import MERGE
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
 from distrl.merging import Figures
-from distrl.types.batches import Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch, on_host
 from distrl.workers import dist, export, fingerprint, lora, nccl
 from distrl.workers.device import granted_device, to_device
 from distrl.workers.fingerprint import Fingerprint
 from distrl.workers.hf_export import HFExport
 from distrl.workers.kernels import apply_kernels
-from distrl.workers.model import DTYPES, response_logprobs, score_in_micro_batches, tokenizer_path
+from distrl.workers.model import DTYPES, response_logprobs, score_rows, tokenizer_path
 from distrl.workers.packing import Layout
 from distrl.workers.strategy import make_strategy
 from distrl.workers.trainer import Counts, Measured, NonFiniteError, Trainer
@@ -37,15 +37,18 @@ FINGERPRINT_BUCKET_BYTES = 64 * 2**20
 class Learner:
     """Trains the policy. With M learners, each receives 1/M of every mini-batch and holds a full replica
     (`learner.strategy: replicate`) or 1/M of the model (`fsdp`; the model is then built once the learners'
-    process group is joined, in `connect`)."""
+    process group is joined, in `connect`). `share_device`: a hybrid actor's engine and reference will share the
+    device, and resolve an `auto` token budget once they are built (`Trainer.resolve_token_budget`)."""
 
     def __init__(self, model: ModelConfig, cfg: LearnerConfig, loss: LossConfig, *, temperature: float,
-                 norm_len: int, mini_batch_size: int, total_optimizer_steps: int, seed: int, num_gpus: float = 0.0):
+                 norm_len: int, mini_batch_size: int, total_optimizer_steps: int, seed: int, num_gpus: float = 0.0,
+                 share_device: bool = False):
         torch.manual_seed(seed)
         self.cfg, self.loss_cfg, self.model_cfg = cfg, loss, model
         self.temperature, self.norm_len = temperature, norm_len
         self.mini_batch_size, self.total_optimizer_steps = mini_batch_size, total_optimizer_steps
         self.device = granted_device(num_gpus, "learner")
+        self.share_device = share_device
         self.strategy = make_strategy(cfg, self.device)
         if not self.strategy.sharded:
             self._build()
@@ -56,7 +59,7 @@ class Learner:
         self.model = apply_kernels(self.strategy.build(self.model_cfg), self.cfg.kernels, self.device,
                                    "learner.kernels")
         self.trainer = Trainer(self.model, self.cfg, self.total_optimizer_steps, self.device, self.mini_batch_size,
-                               self.strategy, role="learner")
+                               self.strategy, role="learner", share_device=self.share_device)
 
     # ------------------------------------------------------------------------------------------ data parallelism
     def connect(self, master_addr: str, master_port: int, rank: int, world_size: int,
@@ -96,14 +99,13 @@ class Learner:
             return self._score(sequences, None)
 
     def _score(self, sequences: Sequences, temperature: float | None) -> torch.Tensor:
+        """Log-probs in the micro-batches the update forms (its token budget, in lockstep with the other learners)."""
+        t = self.temperature if temperature is None else temperature
+        seqs = on_host(sequences)  # micro-batches and layouts are made there
         self.model.eval()
         try:
-            with self.trainer.precision:
-                seqs = sequences.to("cpu") if sequences.input_ids.device.type != "cpu" else sequences
-                count = len(self.trainer.micro_batches(seqs))  # in lockstep with the other learners
-                t = self.temperature if temperature is None else temperature
-                return score_in_micro_batches(self.model, seqs, t, self.cfg.micro_batch_size,
-                                              self.trainer.token_budget, count, self.device)
+            return score_rows(lambda micro, layout: response_logprobs(self.model, micro, t, layout=layout)[0],
+                              seqs, self.trainer.micro_batches(seqs), self.device)
         finally:
             self.model.train()
 
@@ -111,8 +113,7 @@ class Learner:
     def update(self, batch: TrainBatch) -> Figures:
         """PPO epochs over this learner's shard (`Trainer.update`). Returns figures to merge over learners with
         `distrl.merging.merge`, weighted by `learner/tokens`."""
-        if batch.response_mask.device.type != "cpu":
-            batch = batch.to("cpu")  # micro-batches and their layouts are made on the host
+        batch = on_host(batch)  # micro-batches and their layouts are made there
         if batch.old_logprobs is None and (self.cfg.ppo_epochs > 1
                                            or len(self.trainer.mini_batch_rows(batch)) > 1):
             raise ValueError("a batch without old log-probs must be one optimizer step (one mini-batch, one PPO "

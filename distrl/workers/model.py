@@ -12,6 +12,7 @@ pass it replaced, kept as the reference that packing is tested against and the b
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ import torch
 from distrl.config import ModelConfig
 from distrl.hub import local_dir
 from distrl.micro_batches import micro_batches
-from distrl.types.batches import Sequences
+from distrl.types.batches import Sequences, on_host
 from distrl.workers import packed_attention
 from distrl.workers.device import to_device
 from distrl.workers.packed_attention import PACKED_ATTENTION
@@ -77,10 +78,8 @@ def load_causal_lm(cfg: ModelConfig, dtype: str, path: str | None = None, device
     return model.to(device).eval()
 
 
-def padded_response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False,
-                             layout: Layout | None = None):
-    """`response_logprobs` on the padded batch `[B, P+T]` (log-probs of padding positions are left as computed;
-    `layout`, the packed pass's, is not needed, and taken so that either pass can stand in for the other).
+def padded_response_logprobs(model, batch: Sequences, temperature: float, with_entropy: bool = False):
+    """`response_logprobs` on the padded batch `[B, P+T]` (log-probs of padding positions are left as computed).
 
     Positions are counted from the first real token, so left padding of the prompt does not shift them.
     The logits that predict response token t sit at sequence position P - 1 + t.
@@ -190,22 +189,29 @@ def logit_transforms(config) -> list[str]:
 
 
 @torch.no_grad()
-def score_in_micro_batches(model, batch: Sequences, temperature: float, micro_batch_size: int,
-                           max_tokens: int | None = None, min_count: int = 1,
-                           device: str | torch.device | None = None) -> torch.Tensor:
-    """`response_logprobs` without gradients over micro-batches (`distrl.micro_batches.micro_batches`: by the
-    token budget `max_tokens` when set, else `micro_batch_size` rows each), for `model` computing on `device`
-    (default: where its first parameter is): `[B, T]` float32 on CPU, 0 on padding, rows in the batch's order.
-    `batch` stays on the host (a device batch is brought back once): each micro-batch's layout is made there and
-    moved to the device without a wait, and the log-probs come back in one copy at the end."""
-    if batch.input_ids.device.type != "cpu":
-        batch = batch.to("cpu")
-    device = device or next(model.parameters()).device
+def score_rows(score: Callable[[Sequences, Layout], torch.Tensor], batch: Sequences, groups: list[list[int]],
+               device: str | torch.device) -> torch.Tensor:
+    """A figure of every response token, `score(micro, layout) -> [b, T]`, computed over the micro-batches `groups`
+    (row-index groups of `batch`, `distrl.micro_batches`; an empty group still makes its forward pass, a
+    collective when sharded) on `device`: `[B, T]` float32 on CPU, 0 on padding, rows in the batch's order.
+    `batch` stays on the host (a device batch is brought back once): each micro-batch `micro` is selected there and
+    its packed `layout` made there and moved to the device without a wait; the figures come back in one copy at the
+    end."""
+    batch = on_host(batch)
     out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=device)
-    lengths = batch.attention_mask.numpy().sum(-1).tolist()
-    for rows in micro_batches(lengths, micro_batch_size, max_tokens, min_count):
+    for rows in groups:
         index = torch.tensor(rows, dtype=torch.long)
         micro = batch.select(index)
-        out[to_device(index, device)] = response_logprobs(model, micro, temperature,
-                                                          layout=host_layout(micro).to(device))[0].float()
-    return out.cpu() * batch.response_mask
+        out[to_device(index, device)] = score(micro, host_layout(micro).to(device)).float()
+    return out.cpu().masked_fill(batch.response_mask == 0, 0.0)
+
+
+def score_in_micro_batches(model, batch: Sequences, temperature: float, micro_batch_size: int,
+                           max_tokens: int | None = None, device: str | torch.device | None = None) -> torch.Tensor:
+    """`response_logprobs` without gradients (`score_rows`) over micro-batches (`distrl.micro_batches.micro_batches`:
+    by the token budget `max_tokens` when set, else `micro_batch_size` rows each), for `model` computing on `device`
+    (default: where its first parameter is): `[B, T]` float32 on CPU, 0 on padding, rows in the batch's order."""
+    batch = on_host(batch)
+    groups = micro_batches(batch.attention_mask.numpy().sum(-1).tolist(), micro_batch_size, max_tokens)
+    return score_rows(lambda micro, layout: response_logprobs(model, micro, temperature, layout=layout)[0], batch,
+                      groups, device or next(model.parameters()).device)

@@ -6,7 +6,7 @@ The training core, the weight export and the checkpoints ask the strategy for wh
 
     build        the float32 master model on this learner (sharded: on the meta device, then only its slices)
     lockstep     how many forward passes a learner makes (sharded: the most any learner needs)
-    mixed_precision  weights cast to the compute dtype once per forward (sharded: FSDP's mixed-precision policy)
+    cast_weights weights cast to the compute dtype once per forward (sharded: FSDP's mixed-precision policy did)
     reduce_grads sum the gradients over the learners (sharded: FSDP's reduce-scatter already did, summing)
     clip         the global gradient norm, clipped
     bucket       one export bucket's full tensors on learner 0 (sharded: gathered, every learner taking part)
@@ -17,7 +17,6 @@ Every method of `Sharded` that touches parameters is a collective: every learner
 
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
 from typing import Any
@@ -53,18 +52,18 @@ class Replicated:
             return load_causal_lm(model_cfg, "float32", path=path, device=self.device)
         return lora.wrap(load_causal_lm(model_cfg, self.cfg.dtype, path=path, device=self.device), adapters)
 
-    def mixed_precision(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def cast_weights(self, model: torch.nn.Module) -> None:
         """Make `model` compute in `learner.dtype` over its float32 master weights: with a lower dtype, the weights
-        are cast once per forward pass, layer by layer (`mixed_precision.CastOncePerForward`). Returns the context
-        its forward passes run in (none is needed: the casts are the model's own hooks)."""
+        are cast once per forward pass, layer by layer, by hooks on the model (`mixed_precision.CastOncePerForward`);
+        its forward passes need no context."""
         dtype = DTYPES[self.cfg.dtype]
         if dtype != torch.float32:
             CastOncePerForward(model, dtype)
-        return contextlib.nullcontext()
 
-    def lockstep(self, count: int) -> int:
-        """How many forward passes this learner must make when it needs `count`: as many as it needs."""
-        return count
+    def lockstep(self, passes: torch.Tensor) -> torch.Tensor:
+        """How many forward passes this learner must make when it needs `passes` (one count per mini-batch or
+        scoring call, on the device): as many as it needs."""
+        return passes
 
     def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         dist.all_reduce_grads_(params)
@@ -138,13 +137,14 @@ class Sharded(Replicated):
                                                compute_dtype=DTYPES[self.cfg.dtype], cpu_offload=self.cpu_offload,
                                                trust_remote_code=model_cfg.trust_remote_code)
 
-    def mixed_precision(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()  # FSDP's MixedPrecisionPolicy gathers parameters in the compute dtype
+    def cast_weights(self, model: torch.nn.Module) -> None:
+        pass  # the build gave FSDP a MixedPrecisionPolicy: it gathers the parameters in the compute dtype
 
-    def lockstep(self, count: int) -> int:
-        """The most forward passes any learner needs: FSDP's forwards are collectives, so every learner makes as
-        many (a token budget may give learners different counts; the others split or add empty ones)."""
-        return int(dist.all_reduce_(torch.tensor([count], device=self.device), torch.distributed.ReduceOp.MAX))
+    def lockstep(self, passes: torch.Tensor) -> torch.Tensor:
+        """The most forward passes any learner needs, all-reduced in place and left on the device for the caller to
+        read with its other figures: FSDP's forwards are collectives, so every learner makes as many (a token budget
+        may give learners different counts; the others split or add empty ones)."""
+        return dist.all_reduce_(passes, torch.distributed.ReduceOp.MAX)
 
     def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         pass  # each backward reduce-scattered (summed) its gradients into the shards

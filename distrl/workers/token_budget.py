@@ -12,8 +12,11 @@ time is recomputed; a forward pass without gradients (scoring) holds about two l
 
 The budget is what remains of the free memory after what training will still allocate (float32 gradients and
 AdamW's two moments, 12 bytes per trained parameter on this learner, and the compute-dtype casts of the weights, 2
-bytes per parameter) and a margin (`MARGIN_FRACTION` of the device and `MARGIN_BYTES`), divided by the bytes per
-token, capped at `MAX_TOKENS`. docs/learner-performance.md says how to choose a budget by hand.
+bytes per parameter), what other parts sharing the device will still allocate while this one computes (`reserved`:
+in a hybrid actor, the learner's AdamW moments while the reference scores) and a margin (`MARGIN_FRACTION` of the
+device and `MARGIN_BYTES`), divided by the bytes per token, capped at `MAX_TOKENS`. It is resolved once every part
+that shares the device is built (a hybrid actor resolves its learner's and reference's after its engine, asleep).
+docs/learner-performance.md says how to choose a budget by hand.
 """
 
 from __future__ import annotations
@@ -53,25 +56,38 @@ def bytes_per_token(config, training: bool, checkpointing: bool) -> float:
     return config.num_hidden_layers * layer
 
 
+GRADIENT_BYTES, ADAMW_BYTES = 4, 8
+"""Bytes per trained parameter of its float32 gradient and of AdamW's two float32 moments."""
+
+
 def auto_token_budget(model: torch.nn.Module, device: str, *, training: bool, checkpointing: bool = False,
-                      field: str = "learner.max_tokens_per_micro_batch") -> int:
-    """The `auto` budget of `model` on `device` (module docstring), called once the model is built (its weights
-    are then in the free memory) and before its first optimizer step; `field` names the setting in errors."""
+                      field: str = "learner.max_tokens_per_micro_batch", reserved: float = 0.0) -> int:
+    """The `auto` budget of `model` on `device` (module docstring), called once the model and every other part
+    sharing the device are built (their weights are then in the free memory) and before its first optimizer step;
+    `reserved`: bytes the other parts will still allocate while this one computes; `field` names the setting in
+    errors."""
     if torch.device(device).type != "cuda":
         return CPU_TOKENS
     config = getattr(model, "get_base_model", lambda: model)().config
     free, total = torch.cuda.mem_get_info()
     params = sum(_local_numel(p) for p in model.parameters())
-    trained = sum(_local_numel(p) for p in model.parameters() if p.requires_grad) if training else 0
-    planned = 12 * trained + 2 * params + MARGIN_FRACTION * total + MARGIN_BYTES
-    tokens = int((free - planned) / bytes_per_token(config, training, checkpointing))
+    trained = trained_parameters(model) if training else 0
+    allocated = (GRADIENT_BYTES + ADAMW_BYTES) * trained + 2 * params + reserved
+    tokens = int((free - allocated - MARGIN_FRACTION * total - MARGIN_BYTES) / bytes_per_token(config, training,
+                                                                                             checkpointing))
     if tokens < MIN_TOKENS:
+        others = f" and the other parts on the device {reserved / 2**30:.1f} GiB" if reserved else ""
         raise ValueError(
             f"{field} 'auto': the GPU has {free / 2**30:.1f} GiB free, and the model's gradients, AdamW state and "
-            f"compute-dtype weights will take {(12 * trained + 2 * params) / 2**30:.1f} GiB of it, which leaves room "
-            f"for fewer than {MIN_TOKENS} tokens of activations: shard the model (strategy: fsdp, with cpu_offload), "
-            f"turn gradient_checkpointing on, or set {field} to a number")
+            f"compute-dtype weights will take {(allocated - reserved) / 2**30:.1f} GiB of it{others}, which leaves "
+            f"room for fewer than {MIN_TOKENS} tokens of activations: shard the model (strategy: fsdp, with "
+            f"cpu_offload), turn gradient_checkpointing on, or set {field} to a number")
     return min(tokens, MAX_TOKENS)
+
+
+def trained_parameters(model: torch.nn.Module) -> int:
+    """Elements of `model`'s trained parameters held on this device."""
+    return sum(_local_numel(p) for p in model.parameters() if p.requires_grad)
 
 
 def _local_numel(param: torch.Tensor) -> int:

@@ -24,7 +24,7 @@ from distrl import checkpoint
 from distrl.config import LearnerConfig
 from distrl.merging import Figure, Figures, Merge, merge, over_steps
 from distrl.micro_batches import micro_batches
-from distrl.types.batches import Sequences, TrainBatch
+from distrl.types.batches import Sequences, TrainBatch, on_host
 from distrl.workers import dist
 from distrl.workers.device import to_device
 from distrl.workers.hf_export import HFExport
@@ -58,36 +58,49 @@ class NonFiniteError(RuntimeError):
 class Trainer:
     """`model` trained by AdamW under `cfg`'s schedule; `update(batch, objective)` runs `cfg.ppo_epochs` passes of one
     optimizer step per mini-batch. `strategy` (built the model and) says how the learners share it; `role` names
-    the trained model in figures and errors ("learner", "critic").
+    the trained model in figures and errors ("learner", "critic"); `share_device`: other parts of this process will
+    share the device, and an `auto` token budget waits for `resolve_token_budget`.
 
     The host waits for the device once per optimizer step (and once per update with several learners, for the
-    global counts): batches stay on the host, where micro-batches and their packed layouts are made and moved to the
-    device without a wait (`distrl.workers.packing`); losses, figures, the non-finite flag and the gradient norm
-    stay on the device until the step reads them together, to decide whether to apply it."""
+    global counts and the lockstep's forward passes, read together): batches stay on the host, where micro-batches
+    and their packed layouts are made and moved to the device without a wait (`distrl.workers.packing`); losses,
+    figures, the non-finite flag and the gradient norm stay on the device until the step reads them together, to
+    decide whether to apply it."""
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, total_optimizer_steps: int, device: str,
-                 global_mini_batch_size: int, strategy: Replicated, role: str = "learner"):
+                 global_mini_batch_size: int, strategy: Replicated, role: str = "learner",
+                 share_device: bool = False):
         self.model, self.cfg, self.device, self.role = model, cfg, device, role
         self.strategy = strategy
         self.global_mini_batch_size = global_mini_batch_size
         # Master weights and optimizer state stay float32; a lower cfg.dtype is the compute dtype (pure bf16
         # weights would round most Adam updates of size ~lr away), the weights cast once per forward pass.
-        self.precision = strategy.mixed_precision(model)
+        strategy.cast_weights(model)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]
             model.config.use_cache = False  # type: ignore[union-attr]
         model.train()
         self.params = [p for p in model.parameters() if p.requires_grad]
         budget = cfg.max_tokens_per_micro_batch
-        self.token_budget: int | None = budget if budget != "auto" else auto_token_budget(
-            model, device, training=True, checkpointing=cfg.gradient_checkpointing,
-            field=f"{role}.max_tokens_per_micro_batch")
+        self.token_budget: int | None = None if budget == "auto" else budget
         """Tokens of one forward pass (`max_tokens_per_micro_batch`, `auto` resolved), None for fixed counts."""
+        if budget == "auto" and not share_device:
+            self.resolve_token_budget()
         self.optimizer, self.scheduler = build_optimizer(model, cfg, total_optimizer_steps, device)
         self.optimizer_steps = 0
         self.skipped_steps = 0
         self.consecutive_nonfinite = 0
         self.micro_rows: list[list[int]] = []
+
+    def resolve_token_budget(self, reserved: float = 0.0) -> None:
+        """Resolve `max_tokens_per_micro_batch: auto` from the device's free memory now (`auto_token_budget`), less
+        `reserved` bytes that other parts of the process will still allocate on the device while this one trains:
+        at construction, or (`share_device`) once those parts are built (a hybrid actor). A set budget stays."""
+        if self.cfg.max_tokens_per_micro_batch == "auto":
+            self.token_budget = auto_token_budget(self.model, self.device, training=True,
+                                                  checkpointing=self.cfg.gradient_checkpointing,
+                                                  field=f"{self.role}.max_tokens_per_micro_batch", reserved=reserved)
+            print(f"{self.role}: max_tokens_per_micro_batch auto = {self.token_budget} tokens", flush=True)
 
     @property
     def local_mini_batch_size(self) -> int:
@@ -101,16 +114,15 @@ class Trainer:
         mini-batch may differ by a row between learners when the batch's rows do not divide evenly); an unlabelled
         batch is cut into chunks of `local_mini_batch_size` rows. Returns the figures merged over steps
         (`over_steps`), plus this update's `<role>/*` figures."""
-        if batch.response_mask.device.type != "cpu":
-            batch = batch.to("cpu")
+        batch = on_host(batch)
         minis = self.mini_batch_rows(batch)
         mask = batch.response_mask.numpy()
         tokens = [float(mask[rows].sum()) for rows in minis]
-        counts = self._global_counts(mask, minis)
+        counts, groups = self._plan(batch, minis)
         steps: list[Figures] = []
         for _ in range(self.cfg.ppo_epochs):
-            for rows, count in zip(minis, counts, strict=True):
-                steps.append(self.step(batch, rows, objective, count))
+            for rows, count, micro in zip(minis, counts, groups, strict=True):
+                steps.append(self.step(batch, rows, objective, count, micro))
         figs = over_steps(steps, tokens * self.cfg.ppo_epochs)
         figs.update({f"{self.role}/lr": Figure(self.scheduler.get_last_lr()[0], Merge.MEAN),
                      f"{self.role}/skipped_steps": Figure(self.skipped_steps, Merge.MAX),
@@ -133,34 +145,46 @@ class Trainer:
         bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
         return [np.arange(a, b) for a, b in pairwise(bounds)]
 
-    def _global_counts(self, mask: np.ndarray, minis: list[np.ndarray]) -> list[Counts]:
-        """Each mini-batch's `Counts` over every learner: this learner's from the host mask, summed over the group
-        in one all-reduce (the update's one wait for it, with several learners)."""
-        local = [(float(mask[rows].sum()), float((mask[rows].sum(-1) > 0).sum())) for rows in minis]
-        if dist.world_size() > 1:
-            summed = dist.all_reduce_(to_device(torch.tensor(local, dtype=torch.float64), self.device)).tolist()
-            local = [tuple(pair) for pair in summed]
-        return [Counts(*pair) for pair in local]
-
-    def step(self, batch: TrainBatch, rows: np.ndarray, objective: Objective, counts: Counts) -> Figures:
-        """One optimizer step on this learner's part `rows` of a mini-batch of `batch` (on the host): micro-batches
-        accumulate gradients, which are summed over the learner group, clipped, and applied unless the loss or the
-        norm is not finite. Figures merged over micro-batches; loss terms (`Merge.SUM`) summed over the group too,
-        so they are the step's."""
+    def _plan(self, batch: TrainBatch, minis: list[np.ndarray]) -> tuple[list[Counts], list[list[list[int]]]]:
+        """Each mini-batch's `Counts` over every learner, and this learner's micro-batches of it (`micro_batches`),
+        as many as the strategy's lockstep asks: the counts from the host mask summed over the group, and the
+        forward passes each learner needs reduced by the strategy, both read at once (the update's one wait for the
+        group, with several learners)."""
         mask = batch.response_mask.numpy()
-        self.micro_rows = self.micro_batches(batch.sequences, rows)
+        lengths = batch.sequences.attention_mask.numpy().sum(-1)
+        groups = [self._groups(lengths[rows].tolist()) for rows in minis]
+        local = [(float(mask[rows].sum()), float((mask[rows].sum(-1) > 0).sum())) for rows in minis]
+        passes = [len(g) for g in groups]
+        if dist.world_size() > 1:
+            summed = dist.all_reduce_(to_device(torch.tensor(local, dtype=torch.float64), self.device))
+            most = self.strategy.lockstep(to_device(torch.tensor(passes, dtype=torch.float64), self.device))
+            read = torch.cat([summed.flatten(), most]).tolist()  # the wait
+            local = [tuple(read[2 * j:2 * j + 2]) for j in range(len(minis))]
+            passes = [int(n) for n in read[2 * len(minis):]]
+        groups = [g if n == len(g) else self._groups(lengths[rows].tolist(), n)
+                  for rows, g, n in zip(minis, groups, passes, strict=True)]
+        return [Counts(*pair) for pair in local], groups
+
+    def step(self, batch: TrainBatch, rows: np.ndarray, objective: Objective, counts: Counts,
+             micro_rows: list[list[int]]) -> Figures:
+        """One optimizer step on this learner's part `rows` of a mini-batch of `batch` (on the host), in the
+        micro-batches `micro_rows` (positions in `rows`; kept in `self.micro_rows`, in the order the objective sees
+        them): they accumulate gradients, which are summed over the learner group, clipped, and applied unless the
+        loss or the norm is not finite. Figures merged over micro-batches; loss terms (`Merge.SUM`) summed over the
+        group too, so they are the step's."""
+        mask = batch.response_mask.numpy()
+        self.micro_rows = micro_rows
         parts: list[Measured] = []
         part_tokens: list[float] = []
         nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
-        for micro_rows in self.micro_rows:
-            index = torch.from_numpy(rows[micro_rows]).long()  # empty for a micro-batch added for lockstep
+        for group in micro_rows:
+            index = torch.from_numpy(rows[group]).long()  # empty for a micro-batch added for lockstep
             layout = host_layout(batch.sequences.select(index)).to(self.device)
-            with self.precision:
-                loss, part = objective(self.model, _rows_on(batch, index, self.device), counts, layout)
+            loss, part = objective(self.model, _rows_on(batch, index, self.device), counts, layout)
             nonfinite |= ~torch.isfinite(loss.detach())
             loss.backward()
             parts.append(part)
-            part_tokens.append(float(mask[rows[micro_rows]].sum()))
+            part_tokens.append(float(mask[rows[group]].sum()))
         self.strategy.reduce_grads(self.params)
         keys = list(parts[0])
         sums = [key for key in keys if parts[0][key][1] is Merge.SUM]
@@ -191,17 +215,25 @@ class Trainer:
         figs[f"{self.role}/grad_norm"] = Figure(grad_norm_value, Merge.MEAN)
         return figs
 
-    def micro_batches(self, sequences: Sequences, rows: np.ndarray | None = None) -> list[list[int]]:
-        """Row groups of `sequences` (of its `rows`, as positions in `rows`), one per forward pass
-        (`distrl.micro_batches`: by the token budget when set, else `micro_batch_size` rows), as many as the
-        strategy's lockstep asks; from the host's attention mask. `step` keeps those of its last call in
-        `micro_rows`, in the order the objective saw them."""
-        lengths = sequences.attention_mask.numpy().sum(-1)
-        lengths = (lengths if rows is None else lengths[rows]).tolist()
-        budget = self.token_budget
-        groups = micro_batches(lengths, self.cfg.micro_batch_size, budget)
-        need = self.strategy.lockstep(len(groups))
-        return groups if need == len(groups) else micro_batches(lengths, self.cfg.micro_batch_size, budget, need)
+    def micro_batches(self, sequences: Sequences) -> list[list[int]]:
+        """Row groups of `sequences` (on the host), one per forward pass of a scoring call (`_groups`), as many as
+        the strategy's lockstep asks: sharded learners agree on the most any of them needs (the call's one wait
+        for the group)."""
+        lengths = sequences.attention_mask.numpy().sum(-1).tolist()
+        groups = self._groups(lengths)
+        if not self.strategy.sharded or dist.world_size() == 1:
+            return groups
+        most = self.strategy.lockstep(to_device(torch.tensor([len(groups)], dtype=torch.float64), self.device))
+        need = int(most.tolist()[0])  # the wait
+        return groups if need == len(groups) else self._groups(lengths, need)
+
+    def _groups(self, lengths: list[int], min_count: int = 1) -> list[list[int]]:
+        """Row groups of rows with `lengths` real tokens (`distrl.micro_batches`: by the token budget when set, else
+        `micro_batch_size` rows), at least `min_count` of them."""
+        if self.token_budget is None and self.cfg.max_tokens_per_micro_batch == "auto":
+            raise RuntimeError(f"{self.role}.max_tokens_per_micro_batch 'auto' is not resolved yet: the process that "
+                               f"shares the device calls resolve_token_budget once every part is built")
+        return micro_batches(lengths, self.cfg.micro_batch_size, self.token_budget, min_count)
 
     def _skip(self, grad_norm: float) -> None:
         self.skipped_steps += 1

@@ -5,6 +5,7 @@ float64 (several chunk sizes, a bias, a temperature), and it never makes `[K, V]
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -50,8 +51,9 @@ def test_values_and_gradients_equal_the_plain_path(chunk, temperature):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [2, 5])  # 5 tokens: 3 chunks (the backward makes the logits again), or 1 (kept)
 @pytest.mark.parametrize("with_entropy", [False, True])
-def test_gradcheck_float64(with_entropy):
+def test_gradcheck_float64(with_entropy, chunk):
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(5, 3, dtype=torch.float64, generator=g, requires_grad=True)
     weight = torch.randn(6, 3, dtype=torch.float64, generator=g, requires_grad=True)
@@ -59,7 +61,7 @@ def test_gradcheck_float64(with_entropy):
     targets = torch.randint(0, 6, (5,), generator=g)
 
     def f(hh, ww, bb):
-        lp, ent = linear_logprobs(hh, ww, targets, 0.8, bias=bb, with_entropy=with_entropy, chunk_size=2)
+        lp, ent = linear_logprobs(hh, ww, targets, 0.8, bias=bb, with_entropy=with_entropy, chunk_size=chunk)
         return (lp, ent) if with_entropy else lp
 
     assert torch.autograd.gradcheck(f, (hidden, weight, bias))
@@ -103,6 +105,38 @@ def test_no_token_vocab_logits_tensor_is_made():
 
     assert largest(lambda: linear_logprobs(hidden, weight, targets, chunk_size=2)[0]) <= 2
     assert largest(lambda: plain(hidden, weight, targets)[0]) == k
+
+
+def test_one_chunk_keeps_its_logits_for_the_backward_pass(monkeypatch):
+    """Chunks of logits made (`_scaled_logits`, a head product each): with every token in one chunk, the forward
+    pass's one, kept for the backward pass; with two chunks, each made again in the backward pass: 2 + 2. The
+    gradients agree, and a second backward pass through the kept logits gives the same ones (they are not changed
+    in place)."""
+    module = sys.modules[linear_logprobs.__module__]  # distrl.algo re-exports the function under the module's name
+    made = []
+    scaled_logits = module._scaled_logits
+    monkeypatch.setattr(module, "_scaled_logits", lambda *args: made.append(1) or scaled_logits(*args))
+    g = torch.Generator().manual_seed(2)
+    k, h, v = 6, 4, 9
+    hidden = torch.randn(k, h, generator=g, requires_grad=True)
+    weight = torch.randn(v, h, generator=g, requires_grad=True)
+    targets = torch.randint(0, v, (k,), generator=g)
+
+    def gradients(chunk: int) -> tuple[int, tuple[torch.Tensor, ...]]:
+        made.clear()
+        lp, ent = linear_logprobs(hidden, weight, targets, 0.9, with_entropy=True, chunk_size=chunk)
+        grads = torch.autograd.grad(lp.sum() + ent.sum(), (hidden, weight), retain_graph=True)
+        count = len(made)
+        again = torch.autograd.grad(lp.sum() + ent.sum(), (hidden, weight))
+        for a, b in zip(grads, again, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        return count, grads
+
+    kept, grads_kept = gradients(chunk=k)
+    made_again, grads_again = gradients(chunk=3)
+    assert (kept, made_again) == (1, 4)
+    for a, b in zip(grads_kept, grads_again, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_refuses_mixed_dtypes_and_bad_shapes():

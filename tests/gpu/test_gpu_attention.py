@@ -73,9 +73,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients_on_cuda(tiny_q
         assert learner.model.is_gradient_checkpointing is checkpointing
         data = replace(batch(), old_logprobs=learner.logprobs(batch().sequences)).to("cuda")
         mask = data.response_mask
-        with learner.trainer.precision:
-            loss, _ = learner._policy_loss(learner.model, data, Counts(float(mask.sum()),
-                                                                       float((mask.sum(-1) > 0).sum())))
+        loss, _ = learner._policy_loss(learner.model, data, Counts(float(mask.sum()), float((mask.sum(-1) > 0).sum())))
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in learner.model.named_parameters()
                                               if p.grad is not None}))

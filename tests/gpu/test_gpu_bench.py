@@ -11,7 +11,10 @@ BENCH = Path(__file__).parents[2] / "bench" / "bench_gpu_step.py"
 
 
 def load_bench():
-    """bench/bench_gpu_step.py as the module `bench_gpu_step` (bench/ is no package)."""
+    """bench/bench_gpu_step.py as the module `bench_gpu_step` (bench/ is no package: it is put on sys.path, as
+    when the script runs, for the modules beside it)."""
+    if str(BENCH.parent) not in sys.path:
+        sys.path.insert(0, str(BENCH.parent))
     if "bench_gpu_step" not in sys.modules:
         spec = importlib.util.spec_from_file_location("bench_gpu_step", BENCH)
         assert spec is not None and spec.loader is not None

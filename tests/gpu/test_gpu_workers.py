@@ -51,7 +51,9 @@ def test_a_replicated_learner_trains_in_bf16_on_cuda(tiny_model_dir, tiny_qwen2_
         assert_trains(learner)
         after = learner.model.state_dict()
         assert any(not torch.equal(before[k], after[k]) for k in before), "no weight moved"
-        assert all(v.dtype == torch.float32 for v in after.values())  # float32 master weights under autocast
+        # float32 master weights, cast to bfloat16 once per forward pass; AdamW fused (one kernel, counters on the GPU)
+        assert all(v.dtype == torch.float32 for v in after.values())
+        assert learner.trainer.optimizer.defaults["fused"] is True
 
 
 def test_the_reference_scores_in_bf16_on_cuda(tiny_qwen2_dir):

@@ -1,0 +1,82 @@
+"""Checks that span sections, one function per concern, each given the sections it reads and returning its problems
+(one line each, naming every field involved): the critic's, hybrid mode's and `learner.lora`'s. `Config._cross_checks`
+runs them with its own and reports all at once."""
+
+from __future__ import annotations
+
+from distrl.config.cluster import ClusterConfig
+from distrl.config.learner import CriticConfig, LearnerConfig, ReferenceConfig
+from distrl.config.rollout import RolloutConfig
+
+
+def critic_problems(critic: CriticConfig | None, cluster: ClusterConfig, advantage: str, batch: int,
+                    mini: int) -> list[str]:
+    """GAE and the critic come together; the critic's batch arithmetic is the learner's (`batch` sequences a step,
+    `mini` a critic optimizer step)."""
+    gae = advantage == "gae"
+    if gae and critic is None:
+        return ["algorithm.advantage 'gae' needs a value model: add a `critic` section (critic.path null trains "
+                "the policy's model with a scalar value head)"]
+    if critic is None:
+        return []
+    if not gae:
+        return [f"a `critic` section is only used by algorithm.advantage 'gae' (got "
+                f"'{advantage}'): remove the critic or set algorithm.advantage: gae"]
+    errors = []
+    critics, micro = cluster.critic.num_actors, critic.micro_batch_size
+    if batch % mini:
+        errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
+                      f"critic.mini_batch_size ({mini})")
+    if mini % (critics * (1 if critic.max_tokens_per_micro_batch else micro)):
+        errors.append(f"critic.mini_batch_size ({mini}) must be divisible by cluster.critic.num_actors "
+                      f"({critics})" + ("" if critic.max_tokens_per_micro_batch else
+                                        f" x critic.micro_batch_size ({micro})"))
+    if cluster.backend == "local" and critics > 1:
+        errors.append(f"cluster.backend 'local' runs one critic in the driver's process; "
+                      f"cluster.critic.num_actors is {critics}")
+    if cluster.backend == "local" and critic.strategy.type == "fsdp":
+        errors.append("critic.strategy 'fsdp' shards the value model over the critics' process group, which "
+                      "cluster.backend 'local' does not have; use cluster.backend 'ray'")
+    return errors
+
+
+def hybrid_problems(cluster: ClusterConfig, rollout: RolloutConfig, max_staleness: int) -> list[str]:
+    """A hybrid actor is a learner with its own engine (`cluster.rollout` and `cluster.reference` are not used):
+    one engine per learner, weights passed in memory."""
+    c = cluster
+    if not c.hybrid_mode:
+        return []
+    errors = []
+    if max_staleness > 1:
+        errors.append(f"loop.max_staleness {max_staleness} with cluster.colocate 'hybrid': a hybrid actor "
+                      f"generates and trains in turns, so batches generated further ahead would only be staler; "
+                      f"its asynchronous loop is one step off (loop.max_staleness 1)")
+    if c.weight_sync != "auto":
+        errors.append(f"cluster.weight_sync '{c.weight_sync}' with cluster.colocate 'hybrid': each hybrid actor "
+                      f"passes the weights to its own engine in memory; leave cluster.weight_sync 'auto'")
+    if (rollout.chunks_per_engine or 1) > 1:
+        errors.append(f"rollout.chunks_per_engine {rollout.chunks_per_engine} with cluster.colocate "
+                      f"'hybrid': a hybrid actor runs one call at a time, so a second chunk would wait for the "
+                      f"first; its engine serves one chunk, whose episodes all share it at once (leave "
+                      f"rollout.chunks_per_engine null, or raise rollout.chunk_prompts)")
+    return errors
+
+
+def lora_problems(learner: LearnerConfig, reference: ReferenceConfig, cluster: ClusterConfig,
+                  needs_ref_logprobs: bool) -> list[str]:
+    """What `learner.lora` cannot be combined with, and why."""
+    if learner.lora is None:
+        return []
+    errors = []
+    if learner.strategy.type == "fsdp" and learner.strategy.cpu_offload:
+        errors.append("learner.lora with learner.strategy.cpu_offload: peft places the adapters beside the base's "
+                      "CPU-resident shards, and FSDP brings only the base to the GPU for each layer; set "
+                      "cpu_offload false (the frozen base has no gradients or optimizer state to offload)")
+    if needs_ref_logprobs and reference.path is not None:
+        errors.append(f"learner.lora with reference.path {reference.path!r}: with adapters the reference is "
+                      f"the learners' base model (the adapters disabled), not another model; set "
+                      f"reference.path null")
+    if cluster.weight_sync == "nccl":
+        errors.append("learner.lora with cluster.weight_sync 'nccl': a push sends only the adapters (megabytes), "
+                      "through the object store; set cluster.weight_sync 'auto' or 'object_store'")
+    return errors
