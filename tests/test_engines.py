@@ -3,6 +3,7 @@ on the local backend: an engine that dies above the lower bound is let go and it
 the upper bound, room reserved for one more engine starts it once Ray places it, and it takes chunks only once it
 serves the newest weights. The same engine's death at the lower bound is replaced (tests/test_producer.py)."""
 
+from types import SimpleNamespace
 from typing import Any
 
 from distrl.cluster.backend import ActorLost, Done, LocalBackend
@@ -208,3 +209,33 @@ def test_an_unreachable_engine_is_let_go_if_an_engine_joined_before_ray_declared
     p.engines.poll()  # the verdict: dead
     assert group.active() == [1] and placement.released == [0]
     assert (p.engines.counts.retired, p.engines.counts.restarts, p.engines.counts.added) == (1, 0, 1)
+
+
+class FakeActor:
+    """A Ray actor handle as `RayGroup` reads it: its id."""
+
+    def __init__(self, hex_id: str):
+        self._actor_id = SimpleNamespace(hex=lambda: hex_id)
+
+
+def test_a_call_to_an_engine_replaced_since_is_still_that_engines_loss():
+    """A push sent to engine 0 before it was replaced fails with its old actor's death (its node lost): the group
+    reads that as engine 0's, for the producer to see it was replaced already, and not as another actor's death
+    that the push took a result from (learner 0's), which ends the run."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    from distrl.cluster.backend import RayBackend
+    from distrl.cluster.group import RayGroup
+
+    class RayErrors(LocalBackend):  # reads errors as the Ray backend does, without starting a cluster
+        lost = RayBackend.lost
+
+    ids = iter(["aa" * 16, "bb" * 16, "cc" * 16])
+    group = RayGroup("rollout", RayErrors(), lambda i, incarnation: FakeActor(next(ids)), 1)
+    group._end = lambda worker: None  # nothing to kill: the fakes are no actors
+    group.restart(0)
+    old, current, other = (ActorUnavailableError("node lost", bytes.fromhex(h)) for h in ("aa" * 16, "bb" * 16,
+                                                                                        "dd" * 16))
+    assert group.lost(0, old) and group.lost(0, current)
+    assert not group.lost(0, other)  # another actor's death (a learner's), which the call took a result from
+    assert group.lost(0, ActorDiedError())  # a death that names no actor is the callee's

@@ -47,6 +47,7 @@ class ActorGroup(ABC, Generic[W]):
         self._make = make
         self.incarnations = [0] * size
         self.workers: list[Any] = [make(i, 0) for i in range(size)]
+        self.former: dict[int, list[Any]] = {}  # index -> the workers it held before its restarts, oldest first
         self.retired: set[int] = set()
 
     def __len__(self) -> int:
@@ -81,6 +82,7 @@ class ActorGroup(ABC, Generic[W]):
         """End worker `index` (if anything is left of it) and start a new one in its place, built as the first was.
         Returns at once; calls to the new worker wait until it is ready."""
         self._end(self.workers[index])
+        self.former.setdefault(index, []).append(self.workers[index])
         self.incarnations[index] += 1
         self.workers[index] = self._make(index, self.incarnations[index])
 
@@ -98,9 +100,10 @@ class ActorGroup(ABC, Generic[W]):
         return True
 
     def lost(self, index: int, error: BaseException) -> bool:
-        """Whether `error`, raised by a call to worker `index`, says that this worker's process is gone: not that
-        the call raised, nor that another actor whose result it took died (learner 0, whose weights a push
-        carries, fails every engine's load with its own death)."""
+        """Whether `error`, raised by a call to worker `index` (as it is now or was before a restart: a push sent
+        to an engine that was replaced before the push was waited for), says that that worker's process is gone:
+        not that the call raised, nor that another actor whose result it took died (learner 0, whose weights a
+        push carries, fails every engine's load with its own death)."""
         return self.backend.lost(error) and self._names(index, error)
 
     def _names(self, index: int, error: BaseException) -> bool:
@@ -185,7 +188,8 @@ class RayGroup(ActorGroup[W]):
 
     def _names(self, index: int, error: BaseException) -> bool:
         actor_id = getattr(error, "actor_id", None)
-        return actor_id is None or actor_id == self.workers[index]._actor_id.hex()
+        return actor_id is None or actor_id in {w._actor_id.hex() for w in [*self.former.get(index, ()),
+                                                                             self.workers[index]]}
 
 
 class LocalGroup(ActorGroup[W]):
