@@ -31,6 +31,7 @@ def run(out: Path, name: str, model_dir: Path, args: argparse.Namespace, overrid
     cfg = config.load(ROOT / "configs" / "quickstart.yaml", [
         f"model.path={model_dir}", f"run.output_dir={out}", f"run.name={name}", f"run.steps={args.steps}",
         "run.progress=false", "run.log_every=1000000", "run.checkpoint_at_end=false",
+        "eval=null",  # the quickstart's held-out evaluation runs after the last step too, inside its time
         "rollout.sampling.max_new_tokens=8", "env.class=agent_env:SlowTools", f"env.kwargs.turns={args.turns}",
         *overrides, *args.set])
     train(cfg)

@@ -67,7 +67,7 @@ def run_with_kills(args: argparse.Namespace, out: Path) -> tuple[Lines, list[dic
     """Run the quickstart, killing its engine `args.kills` times; (its output, each kill's time and step)."""
     rng = random.Random(args.seed)
     settings = [f"run.output_dir={out}", f"model.path={out / 'model'}", f"run.steps={args.steps}",
-                "run.progress=false", "run.checkpoint_at_end=false", f"loop.mode={args.loop}",
+                "run.progress=false", "run.checkpoint_at_end=false", "eval=null", f"loop.mode={args.loop}",
                 f"cluster.recovery.max_restarts={args.kills}", *args.overrides]
     cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
            *(arg for s in settings for arg in ("--set", s))]

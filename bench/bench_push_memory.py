@@ -116,7 +116,7 @@ def main() -> None:
     cfg = config.load(ROOT / "configs" / "quickstart.yaml", [
         f"model.path={model}", "model.create_tiny_if_missing=false", f"run.output_dir={tmp}", "run.progress=false",
         "loss.kl.coef=0.0", "rollout.dtype=float32", f"cluster.sync_bucket_bytes={bucket_bytes}",
-        "cluster.verify_weights=false"])
+        "cluster.verify_weights=false", "eval=null"])
     backend = RayBackend(cfg.cluster)
     try:
         measure(args, backend, cfg)
