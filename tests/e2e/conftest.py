@@ -13,7 +13,7 @@ import pytest
 
 from distrl import config
 
-from .nodes import Nodes
+from .nodes import Nodes, driver_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,14 +66,18 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def start_quickstart(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen, Path]:
+def start_quickstart(tmp_path: Path, *overrides: str, cluster: Nodes | None = None) -> tuple[subprocess.Popen, Path]:
     """`distrl train` on the quickstart (endless steps unless `overrides` say otherwise), once it has logged two
-    steps; (process, metrics). Its stdout and stderr are pipes."""
+    steps; (process, metrics). Its stdout and stderr are pipes. On an embedded cluster of its own, or joining
+    `cluster` (the session's: its actors are then this process's descendants, not the driver's)."""
     settings = [f"run.output_dir={tmp_path}", f"model.path={tmp_path / 'model'}", "run.steps=100000",
                 "run.progress=false", *without_eval(overrides), *overrides]
+    if cluster is not None:
+        settings.append(f"cluster.address={cluster.address}")
     cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
            *(arg for setting in settings for arg in ("--set", setting))]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = cli_env() if cluster is None else driver_env(cluster)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "quickstart" / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):

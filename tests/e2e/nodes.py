@@ -150,13 +150,20 @@ def _user_token() -> Path:
     return Path(path) if path else Path.home() / ".ray" / "auth_token"
 
 
-def joined(nodes: Nodes, tmp_path: Path, *settings: str, model: Path | None = None) -> subprocess.Popen:
-    """`distrl train` on the quickstart joining the session's cluster (`cluster.address`) as a user's driver would,
-    with the cluster's token, writing into tmp_path, the model at `model` (default: tmp_path/../tiny-model, built
-    there if missing). Output goes to tmp_path/driver.log."""
+def driver_env(nodes: Nodes) -> dict[str, str]:
+    """The environment of a `distrl train` process that joins the session's cluster as a user's driver would: this
+    interpreter's bin first on PATH, the repository importable, the cluster's token."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")}
     env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(ROOT),
                RAY_AUTH_TOKEN=nodes.token, RAY_AUTH_MODE="token")
+    return env
+
+
+def joined(nodes: Nodes, tmp_path: Path, *settings: str, model: Path | None = None) -> subprocess.Popen:
+    """`distrl train` on the quickstart joining the session's cluster (`cluster.address`), writing into tmp_path,
+    the model at `model` (default: tmp_path/../tiny-model, built there if missing). Output goes to
+    tmp_path/driver.log."""
+    env = driver_env(nodes)
     args = [f"run.output_dir={tmp_path}", f"model.path={model or tmp_path.parent / 'tiny-model'}", "run.progress=false",
             "eval=null", f"cluster.address={nodes.address}", *settings]
     cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",

@@ -4,6 +4,7 @@ chat template's deltas and masked, and a multi-turn job trains end to end throug
 
 import gc
 import json
+import os
 import threading
 import time
 
@@ -88,11 +89,11 @@ def test_a_multi_turn_job_trains_through_ray_actors(ray_session, tmp_path):
         assert row["loss/policy"] is not None
 
 
-def test_an_environment_actor_killed_mid_run_is_restarted_and_its_episodes_run_again(tmp_path):
+def test_an_environment_actor_killed_mid_run_is_restarted_and_its_episodes_run_again(ray_session, tmp_path):
     proc, metrics = start_quickstart(tmp_path, "run.steps=5", "rollout.sampling.max_new_tokens=6",
                                      "env.class=tests.agent_envs:Chatter", "env.kwargs.turns=2",
-                                     "env.kwargs.sleep=0.05")
-    kill_actor(proc.pid, "EnvHost")  # step 3's episodes are under way (its chunk went out with step 2's push)
+                                     "env.kwargs.sleep=0.05", cluster=ray_session)
+    kill_actor(os.getpid(), "EnvHost")  # step 3's episodes are under way (its chunk went out with step 2's push)
     _, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]
     rows = rows_of(metrics)

@@ -3,6 +3,8 @@
 alone and verified against its LoRA slot), and a dead learner is recovered from the newest checkpoint's adapters
 and optimizer state."""
 
+import os
+
 from .conftest import start_quickstart
 from .faults import finish, kill_actor, rows_of, wait_for_checkpoint
 
@@ -11,13 +13,15 @@ STEPS = 8
 LORA = ("learner.lora.rank=8", "learner.lora.alpha=16", "learner.lr=1e-2")
 
 
-def test_a_replacement_engine_serves_the_current_adapters_and_a_dead_learner_resumes_its_checkpoint(tmp_path):
-    proc, metrics = start_quickstart(tmp_path, f"run.steps={STEPS}", "run.checkpoint_every=2", *LORA)
-    kill_actor(proc.pid, "RolloutWorker")
+def test_a_replacement_engine_serves_the_current_adapters_and_a_dead_learner_resumes_its_checkpoint(ray_session,
+                                                                                                    tmp_path):
+    proc, metrics = start_quickstart(tmp_path, f"run.steps={STEPS}", "run.checkpoint_every=2", *LORA,
+                                     cluster=ray_session)
+    kill_actor(os.getpid(), "RolloutWorker")
     adapters = metrics.parent / "checkpoints" / "step_000004" / "manifest.json"
     wait_for_checkpoint(proc, adapters, within_s=180)
     assert (adapters.parent / "policy" / "adapter" / "adapter_model.safetensors").is_file()
-    kill_actor(proc.pid, "Learner")  # in step 5 or later: the newest checkpoint is step 4's
+    kill_actor(os.getpid(), "Learner")  # in step 5 or later: the newest checkpoint is step 4's
     out, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]
     assert "rollout actor rollout-0 (replacement 1) serves policy version" in out, out[-3000:]

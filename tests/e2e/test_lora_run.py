@@ -1,8 +1,9 @@
 """LoRA runs for real (Ray actors, vLLM CPU engines serving the adapters, transformers + peft learners), from
 configs/grpo-lora.yaml: the synchronous and asynchronous loops train with every push verified against the engine's
 LoRA slot and no reference actor, checkpoints hold the adapters in PEFT's format, a synchronous run in hybrid
-actors, resumed, gives exactly the rows of one with every role apart never interrupted, and a resumed asynchronous
-one continues from its checkpoint's adapters."""
+actors, resumed, gives exactly the rows of one with every role apart never interrupted, a resumed asynchronous one
+with multi-turn episodes (pushes landing while turns are in flight) continues from its checkpoint's adapters, and
+two sharded learners train as one replicated."""
 
 from __future__ import annotations
 
@@ -52,8 +53,12 @@ def test_sync_lora_run_and_its_exact_resume_in_hybrid_actors(ray_session, tmp_pa
     assert rows == outcome(tmp_path / "whole" / "grpo-lora" / "metrics.jsonl")
 
 
-def test_async_lora_run_within_the_bound_and_resumed(ray_session, tmp_path):
-    common = ("loop.mode=async", "loop.max_staleness=1", "run.checkpoint_every=2")
+def test_async_multi_turn_lora_run_within_the_bound_and_resumed(ray_session, tmp_path):
+    """Episodes with an environment, 4 chunks per engine (the default with an env): pushes land while turns are in
+    flight, each waits for them (a request keeps its adapters) and the later turns sample with the new ones; cut
+    after an unsaved step and resumed, the run continues from its checkpoint's adapters."""
+    common = ("loop.mode=async", "loop.max_staleness=1", "run.checkpoint_every=2", "rollout.sampling.max_new_tokens=6",
+              "env.class=tests.agent_envs:Chatter", "env.kwargs.turns=2")
     train(lora_config(tmp_path, *common, "run.steps=3", "run.checkpoint_at_end=false"))  # step 3 trained, not saved
     resumed = train(lora_config(tmp_path, *common, "run.steps=4", "run.resume=true", "run.overwrite=false"))
     rows = outcome(tmp_path / "grpo-lora" / "metrics.jsonl")
@@ -66,39 +71,22 @@ def test_async_lora_run_within_the_bound_and_resumed(ray_session, tmp_path):
                if "correction/mismatch_kl/staleness_0" in r)
     assert any("correction/mismatch_kl/staleness_0" in r for r in resumed)
     assert all(r["learner/tokens"] > 0 and r["kl/ref"] >= 0 for r in rows)
+    assert all(r["agent/turns_mean"] == 2.0 and r["agent/retokenization_drift"] == 0.0 for r in rows)
     pushed = [r["sync/bytes"] for r in rows if r.get("sync/bytes") is not None]  # None: no push finished in it
     assert pushed and set(pushed) == {188416}  # the adapters, never the model
 
 
-def test_two_lora_learners_train_as_one(ray_session, tmp_path):
-    # Two replicas: the adapters' gradients are summed across them, each answers the reference for its shard of rows.
+def test_two_sharded_lora_learners_train_as_one_replicated(ray_session, tmp_path):
+    """The frozen base sharded over two FSDP learners, the adapters replicated (their gradients summed across the
+    learners, each answering the reference for its shard of rows) and pushed by learner 0, verified: the figures of
+    one replicated learner, up to summation order."""
     common = ("run.steps=3", "learner.micro_batch_size=8")
     one = train(lora_config(tmp_path / "one", *common))
-    two = train(lora_config(tmp_path / "two", *common, "cluster.learner.num_actors=2", "cluster.learner.num_cpus=0.25"))
+    two = train(lora_config(tmp_path / "two", *common, "learner.strategy=fsdp", "cluster.learner.num_actors=2",
+                            "cluster.learner.num_cpus=0.25"))
     assert [h["step"] for h in two] == [1, 2, 3]
     assert all(abs(h["correction/mismatch_kl/staleness_0"]) < 1e-4 for h in two)
+    assert all(h["sync/bytes"] == 188416 for h in two)
     for a, b in zip(one, two, strict=True):  # same samples, same update: the same figures up to summation order
         assert b["reward/mean"] == a["reward/mean"]
         assert abs(b["kl/ref"] - a["kl/ref"]) < 1e-5 and abs(b["loss/policy"] - a["loss/policy"]) < 1e-5
-
-
-def test_lora_on_two_sharded_learners(ray_session, tmp_path):
-    # The frozen base sharded over two FSDP learners, the adapters replicated: pushed by learner 0 and verified.
-    history = train(lora_config(tmp_path, "run.steps=3", "learner.micro_batch_size=8", "learner.strategy=fsdp",
-                                "cluster.learner.num_actors=2", "cluster.learner.num_cpus=0.25"))
-    assert [h["step"] for h in history] == [1, 2, 3]
-    assert all(abs(h["correction/mismatch_kl/staleness_0"]) < 1e-4 for h in history)
-    assert all(h["sync/bytes"] == 188416 for h in history)
-
-
-def test_multi_turn_lora_run_in_the_async_loop(ray_session, tmp_path):
-    # Episodes with an environment, 4 chunks per engine (the default with an env): pushes land while turns are in
-    # flight, each waits for them (a request keeps its adapters) and the later turns sample with the new ones.
-    history = train(lora_config(tmp_path, "run.steps=3", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=2",
-                                "rollout.sampling.max_new_tokens=6", "env.class=tests.agent_envs:Chatter",
-                                "env.kwargs.turns=2", "learner.micro_batch_size=4", "loop.mode=async",
-                                "loop.max_staleness=1"))
-    assert [h["step"] for h in history] == [1, 2, 3]
-    assert all(h["agent/turns_mean"] == 2.0 and h["agent/retokenization_drift"] == 0.0 for h in history)
-    assert all(abs(h["correction/mismatch_kl/staleness_0"]) < 1e-4 for h in history
-               if "correction/mismatch_kl/staleness_0" in h)
