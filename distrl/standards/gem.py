@@ -24,18 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from distrl.agents.env import Start, Step, Turn
-from distrl.standards import require
+from distrl.standards import numeric, require
 
 _GEM = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gem")
 
 
 async def _in_gem_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(_GEM, functools.partial(fn, *args, **kwargs))
-
-
-def numeric(values: dict[str, Any]) -> dict[str, float]:
-    """The numbers among `values` (an info dict), as figures."""
-    return {k: float(v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 class GemEnv:

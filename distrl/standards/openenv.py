@@ -33,7 +33,7 @@ from typing import Any
 
 from distrl.agents.env import Start, Step, Turn
 from distrl.imports import import_spec
-from distrl.standards import require
+from distrl.standards import numeric, require
 
 _DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
                     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
@@ -153,8 +153,7 @@ class OpenEnv:
         fields = {self.action_field: turn.text}
         result = await self.client.step(self.action_cls(**fields) if self.action_cls is not None else fields)
         observation = result.observation
-        metadata = _field(observation, "metadata") or {}
-        metrics = {k: float(v) for k, v in metadata.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        metrics = numeric(_field(observation, "metadata") or {})
         reward = float(result.reward) if result.reward is not None else None
         if result.done:
             return Step(reward=reward, done=True, metrics=metrics)

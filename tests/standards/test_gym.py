@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from distrl.standards import seeds
+from distrl.standards import numeric, seeds
 from tests.standards.scripted import play
 
 GEM, SKYRL = "distrl.standards.gem:GemEnv", "distrl.standards.skyrl_gym:SkyRLGymEnv"
@@ -67,3 +67,8 @@ def test_seeds_are_rows_of_episodes():
     assert seeds(2, first=5) == [{"prompt": "episode 5", "seed": 5}, {"prompt": "episode 6", "seed": 6}]
     with pytest.raises(ValueError, match="at least 1"):
         seeds(0)
+
+
+def test_numeric_keeps_an_environments_numbers_as_figures():
+    info = {"turns": 3, "score": 0.5, "solved": True, "guess": "7", "trace": [1, 2], "none": None}
+    assert numeric(info) == {"turns": 3.0, "score": 0.5}  # booleans are flags, not figures
