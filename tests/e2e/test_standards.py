@@ -21,7 +21,6 @@ import pytest
 import torch
 import yaml
 
-import tests.standards.vf_import  # noqa: F401 - verifiers beside tests/agents (see there)
 from tests.e2e.conftest import ROOT, cli_env, free_port
 from tests.standards.scripted import call
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-import tests.standards.vf_import  # noqa: F401 - verifiers beside tests/agents (see there)
 from distrl.agents.chat import ChatRenderer
 from distrl.agents.host import EnvError
 from distrl.config import ModelConfig
