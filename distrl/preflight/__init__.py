@@ -9,7 +9,8 @@
   (`data.check_rows`), and the tokenizer has a chat template if some prompt needs one, which renders the first of
   them; the held-out sets read as the data does; the reward function imports; the environment resolves and takes
   its kwargs; every adapter to another standard that the config names (`distrl.standards`) has its package
-  installed, else the line says which `pip install` brings it;
+  installed, else the line says which `pip install` brings it, and its environment has what it needs (a verifiers
+  environment with tools, `env.tool_parser`);
 - where it runs (`placement.py`): the run directory can be made and written, and `run.resume` / `run.overwrite`
   fit what is already there; on the embedded cluster, the roles' CPUs and GPUs fit this machine.
 
@@ -23,7 +24,14 @@ Light at import time: transformers is imported only when there is a model to che
 from __future__ import annotations
 
 from distrl.config import Config
-from distrl.preflight.inputs import check_data, check_env, check_eval, check_reward, check_standards
+from distrl.preflight.inputs import (
+    check_data,
+    check_env,
+    check_env_adapter,
+    check_eval,
+    check_reward,
+    check_standards,
+)
 from distrl.preflight.model import check_model, context_length
 from distrl.preflight.placement import check_resources, check_run_dir
 
@@ -51,6 +59,8 @@ def check(cfg: Config, training: bool = True) -> None:
         check_reward(cfg.reward, problems)
     else:
         check_env(cfg.env, problems)
+        if "env" not in absent:
+            check_env_adapter(cfg.env, problems)
     if "eval" not in absent:
         check_eval(cfg, problems)
     if training:

@@ -71,6 +71,14 @@ def check_reward(reward: RewardConfig, problems: list[str]) -> None:
         problems.append(f"reward.function: {err}")
 
 
+def check_env_adapter(env: EnvConfig, problems: list[str]) -> None:
+    """What the adapter of another standard that `env.class` names can tell of its environment (`distrl.standards`:
+    a verifiers environment with tools needs `env.tool_parser`)."""
+    from distrl.standards import env_problems
+
+    problems.extend(env_problems(env.cls, env.kwargs, env.tool_parser))
+
+
 def check_env(env: EnvConfig, problems: list[str]) -> None:
     """The environment class (or agent function) resolves, has the protocol's coroutines, and takes
     `env.kwargs`."""

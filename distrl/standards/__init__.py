@@ -75,6 +75,21 @@ def missing(value: Any, field: str) -> list[str]:
     return []
 
 
+def env_problems(spec: str | None, kwargs: dict[str, Any], tool_parser: str | None) -> list[str]:
+    """What an adapter can tell of the environment `spec` (`env.class`, with `env.kwargs`) names before a run
+    starts, one line per problem naming its field: a verifiers environment that offers tools needs
+    `env.tool_parser`; a mixture's environments are checked each. Other environments: nothing."""
+    if spec == "distrl.standards.verifiers:VerifiersEnv":
+        from distrl.standards import verifiers
+
+        return verifiers.problems(kwargs, tool_parser)
+    if spec == "distrl.standards.mixture:Mixture":
+        parts = kwargs.get("envs") or {}
+        return [line for part in parts.values() if isinstance(part, dict)
+                for line in env_problems(part.get("class"), part.get("kwargs") or {}, tool_parser)]
+    return []
+
+
 def seeds(count: int, first: int = 0) -> list[dict[str, Any]]:
     """`count` rows `{"prompt": "episode <seed>", "seed": seed}` for seeds first, first + 1, ...: the data of
     environments that make their own first messages (an OpenEnv server's `reset`, a Gym game's), where a row says

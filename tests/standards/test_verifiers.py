@@ -122,3 +122,27 @@ def test_a_multi_turn_environment_answers_with_user_messages_of_its_own(tokenize
         assert t.mask.count(0) == (turns - 1) * len(hint)
     # The rubric's reward: right for 2 and 4; 5 is never guessed in 4 turns.
     assert [r.episode.reward for r in results] == [1.0, 1.0, 0.0]
+
+
+def test_the_preflight_refuses_a_tool_environment_without_a_tool_parser(tiny_model_dir, tmp_path):
+    from distrl import preflight
+    from distrl.config import from_dict
+
+    def config(env_id: str, tool_parser: str | None, mixed: bool = False):
+        env = {"class": "distrl.standards.verifiers:VerifiersEnv", "kwargs": {"env_id": env_id}}
+        if mixed:
+            env = {"class": "distrl.standards.mixture:Mixture", "kwargs": {"envs": {"v": env}}}
+        return from_dict({"model": {"path": str(tiny_model_dir)},
+                          "data": {"function": "distrl.standards.verifiers:rows", "kwargs": {"env_id": env_id}},
+                          "env": {**env, "tool_parser": tool_parser},
+                          "run": {"output_dir": str(tmp_path)}, "cluster": {"backend": "local"}})
+
+    line = (f"env.tool_parser: verifiers environment {TOOLS!r} offers tools (add) and env.tool_parser is null, so "
+            f"the model's tool calls would never be parsed and run; set it to the model's tool-call format (e.g. "
+            f"hermes for Qwen2.5)")
+    for mixed in (False, True):
+        with pytest.raises(preflight.PreflightError) as err:
+            preflight.check(config(TOOLS, None, mixed))
+        assert err.value.problems == [line]
+        preflight.check(config(TOOLS, "hermes", mixed))
+        preflight.check(config(ARITH, None, mixed))  # no tools: no parser needed
