@@ -7,7 +7,8 @@
 - what the run reads and calls (`inputs.py`): the data's source resolves (a hub name through the Hugging Face
   cache, honouring `HF_HUB_OFFLINE`), every row parses and holds a usable prompt, answer and reward columns
   (`data.check_rows`), and the tokenizer has a chat template if some prompt needs one, which renders the first of
-  them; the held-out sets read as the data does; the reward function imports; the environment resolves and takes
+  them; the held-out sets read as the data does and draw no training rows from a generator (reasoning-gym's
+  seeds); the reward function imports; the environment resolves and takes
   its kwargs; every adapter to another standard that the config names (`distrl.standards`) has its package
   installed, else the line says which `pip install` brings it, and its environment has what it needs (a verifiers
   environment with tools, `env.tool_parser`);
@@ -29,6 +30,7 @@ from distrl.preflight.inputs import (
     check_env,
     check_env_adapter,
     check_eval,
+    check_held_out,
     check_reward,
     check_standards,
 )
@@ -63,6 +65,7 @@ def check(cfg: Config, training: bool = True) -> None:
             check_env_adapter(cfg.env, problems)
     if "eval" not in absent:
         check_eval(cfg, problems)
+        check_held_out(cfg, problems)
     if training:
         check_run_dir(cfg.run, problems)
         check_resources(cfg, problems)

@@ -23,6 +23,16 @@ def check_standards(cfg: Config, problems: list[str]) -> set[str]:
     return absent
 
 
+def check_held_out(cfg: Config, problems: list[str]) -> None:
+    """No held-out set draws the training data's rows from a generator whose seeds say so before any row is made
+    (`distrl.standards.held_out_problems`: reasoning-gym's entry i of seed s is entry i + 1 of seed s - 1)."""
+    from distrl.standards import held_out_problems
+
+    if cfg.eval is not None:
+        problems.extend(held_out_problems(cfg.data.model_dump(by_alias=True),
+                                          [s.model_dump(by_alias=True) for s in cfg.eval.sets]))
+
+
 def check_data(data: DataConfig, tokenizer, problems: list[str]) -> None:
     """Every row holds the prompt's columns (or `data.prompt`'s template fills), the answer and the reward columns;
     the first prompts that need the chat template render with it."""
