@@ -43,7 +43,9 @@ def environments(url: str) -> dict:
         "vf_tools": {"class": verifiers, "kwargs": {"env_id": TOOLS_ENV}},
         "rg": {"class": "distrl.agents.envs:ToolEnvironment",
                "kwargs": {"tools": [], "reward": "distrl.standards.reasoning_gym:score"}},
-        "openenv": {"class": "distrl.standards.openenv:OpenEnv", "kwargs": {"url": url, "observation_field": "prompt"}},
+        # The empty word: every message holds it, so the game rewards both its rounds (2), whatever the model says.
+        "openenv": {"class": "distrl.standards.openenv:OpenEnv",
+                    "kwargs": {"url": url, "observation_field": "prompt", "reset": {"word": ""}}},
         "gem": {"class": "distrl.standards.gem:GemEnv", "kwargs": {"env_id": "game:GuessTheNumber-v0-easy"}},
         "skyrl": {"class": "distrl.standards.skyrl_gym:SkyRLGymEnv", "kwargs": {}},
     }
@@ -153,5 +155,5 @@ def test_five_standards_train_in_one_run_token_exactly_with_their_own_rewards(ra
         assert row["env/vf_tools/add_calls"] > 0 and row["env/vf_tools/num_turns"] > 1
         assert row["agent/tool_calls"] > 0 and 0 < row["agent/masked_frac"] < 1
         assert row["env/skyrl/steps"] == 2.0  # skyrl's multi-turn GSM8k goes on to its max_turns
-        assert row["env/openenv/reward"] >= 0.0
+        assert row["env/openenv/reward"] == 2.0  # the reset's word reached the server; both rounds were played
     assert "eval/rg-heldout/accuracy" in rows[-1] and rows[-1]["eval/rg-heldout/samples"] == 4.0

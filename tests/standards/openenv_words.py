@@ -1,7 +1,8 @@
 """An OpenEnv environment as OpenEnv's packages write one: typed Action and Observation models, an `Environment`
 whose sessions are independent (`SUPPORTS_CONCURRENT_SESSIONS`), the FastAPI app `create_app` serves it with, and
-the `EnvClient` that speaks to it. The game: the observation names a word (the reset's seed picks it); the player
-should say it; each step rewards 1 if the message holds the word, and the episode ends after `ROUNDS` steps.
+the `EnvClient` that speaks to it. The game: the observation names a word (the reset's seed picks it, or its
+`word`); the player should say it; each step rewards 1 if the message holds the word, and the episode ends after
+`ROUNDS` steps.
 
 Served by `uvicorn tests.standards.openenv_words:app` (at most 64 sessions at once; `narrow_app`: 2). `SLOW_WORD`
 makes a step hang (for the time-out tests); `LOUD_WORD` makes it write `LOUD_BYTES` to stderr (a server that logs
@@ -44,8 +45,9 @@ class WordEnvironment(Environment):
         self._state = State(episode_id="", step_count=0)
         self.word = WORDS[0]
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> WordObservation:
-        self.word = WORDS[(seed or 0) % len(WORDS)]
+    def reset(self, seed: int | None = None, episode_id: str | None = None, word: str | None = None,
+              **kwargs: Any) -> WordObservation:
+        self.word = WORDS[(seed or 0) % len(WORDS)] if word is None else word
         self._state = State(episode_id=episode_id or "", step_count=0)
         return WordObservation(prompt=f"Say the word {self.word}.", done=False, reward=None)
 

@@ -70,6 +70,13 @@ def test_the_generic_client_shows_the_observation_as_json(tokenizer, server):
     assert '{"prompt": "Say the word river.", "said": ""}' in text
 
 
+def test_the_reset_kwargs_reach_the_servers_reset(tokenizer, server):
+    url, _ = server
+    # The empty word is in every message: both rounds rewarded, whatever the turns say.
+    [result] = play(tokenizer, SPEC, {"url": url, "reset": {"word": ""}}, seeds(1), ["river", "x"], tool_parser=None)
+    assert (result.episode.turns, result.episode.reward) == (2, 2.0)
+
+
 def test_a_server_that_hangs_ends_the_episode_at_the_step_time_limit(tokenizer, server):
     url, _ = server
     began = time.monotonic()
