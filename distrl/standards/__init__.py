@@ -4,10 +4,12 @@ reasoning-gym, skyrl-gym and gem to distrl's environment protocol (`distrl.agent
 Each adapter is a module here, named in a config like any environment class, data function or reward function
 (`env.class: distrl.standards.verifiers:VerifiersEnv`, `data.function: distrl.standards.reasoning_gym:rows`). Its
 package is an optional extra (`pip install 'distrl[verifiers]'`), imported only when an episode, a row or a score
-needs it: the preflight names the extra a config needs and is missing (`missing`), before any actor starts.
+needs it: the preflight names the extra a config needs and is missing (`missing`), and what each adapter can tell of
+its config (`distrl.standards.checks`), before any actor starts.
 
 `seeds` makes the rows of environments that make their own prompts (OpenEnv servers, Gym-style games): one row per
-episode, its seed. `distrl.standards.mixture` trains on several environments in one run.
+episode, its seed; `numeric` makes an environment's own figures (an info dict, an observation's metadata) into an
+episode's `Step.metrics`. `distrl.standards.mixture` trains on several environments in one run.
 """
 
 from __future__ import annotations
@@ -81,3 +83,9 @@ def seeds(count: int, first: int = 0) -> list[dict[str, Any]]:
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
     return [{"prompt": f"episode {seed}", "seed": seed} for seed in range(first, first + count)]
+
+
+def numeric(values: dict[str, Any]) -> dict[str, float]:
+    """The numbers among `values` (a Gym step's info, an observation's metadata, an environment's metrics), as
+    figures; booleans and everything else are left out."""
+    return {k: float(v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}

@@ -24,26 +24,37 @@ from __future__ import annotations
 import asyncio
 import atexit
 import json
+import logging
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
 
 from distrl.agents.env import Start, Step, Turn
 from distrl.imports import import_spec
-from distrl.standards import require
+from distrl.standards import numeric, require
+
+log = logging.getLogger(__name__)
 
 _DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
                     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
 """Run the rest of the command line with PR_SET_PDEATHSIG: the server gets SIGTERM when the process that started
 it dies, even by SIGKILL (an environment actor killed by Ray), and so never outlives its run."""
+TAIL_BYTES = 4000
+"""How much of the end of a server's output an error shows."""
 
 
 class Server:
     """An OpenEnv app (`package.module:app`) served by uvicorn on 127.0.0.1 at a free port, in a process of its
-    own, stopped when this process exits (or dies)."""
+    own, stopped when this process exits (or dies).
+
+    Its output (stdout and stderr) goes to a file that is unlinked as soon as the server has it open, so that a
+    server that logs without end never blocks on a full pipe and leaves no file behind, however this process ends;
+    `tail()` reads the end of it (through a descriptor of its own) for the errors that name the server."""
 
     def __init__(self, app: str):
         self.app = app
@@ -51,22 +62,33 @@ class Server:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen([sys.executable, "-c", _DIE_WITH_PARENT, "-m", "uvicorn", app, "--host",
-                                      "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        fd, path = tempfile.mkstemp(prefix="distrl-openenv-", suffix=".log")
+        try:
+            self.output = os.open(path, os.O_RDONLY)
+            self.proc = subprocess.Popen([sys.executable, "-c", _DIE_WITH_PARENT, "-m", "uvicorn", app, "--host",
+                                          "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                                         stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT)
+        finally:
+            os.close(fd)
+            os.unlink(path)
         atexit.register(self.stop)
 
+    def tail(self, size: int = TAIL_BYTES) -> str:
+        """The last `size` bytes of the server's output, as text."""
+        end = os.fstat(self.output).st_size
+        return os.pread(self.output, size, max(0, end - size)).decode(errors="replace")
+
     async def ready(self, timeout_s: float) -> None:
-        """Wait until the server answers `/health`; RuntimeError with its output if it exits or `timeout_s`
-        passes first."""
+        """Wait until the server answers `/health`; RuntimeError with the end of its output if it exits or
+        `timeout_s` passes first."""
         import httpx
 
         deadline = time.monotonic() + timeout_s
         async with httpx.AsyncClient(timeout=2.0) as http:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    err = self.proc.stderr.read().decode(errors="replace")[-2000:] if self.proc.stderr else ""
-                    raise RuntimeError(f"the OpenEnv server of {self.app} exited with {self.proc.returncode}: {err}")
+                    raise RuntimeError(f"the OpenEnv server of {self.app} exited with {self.proc.returncode}; the "
+                                       f"end of its output:\n{self.tail()}")
                 try:
                     if (await http.get(f"{self.url}/health")).status_code == 200:
                         return
@@ -74,9 +96,10 @@ class Server:
                     pass
                 await asyncio.sleep(0.1)
         raise RuntimeError(f"the OpenEnv server of {self.app} did not answer {self.url}/health within "
-                           f"{timeout_s:g} s")
+                           f"{timeout_s:g} s; the end of its output:\n{self.tail()}")
 
     def stop(self) -> None:
+        """Stop the server (if it runs) and let go of its output."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -84,6 +107,10 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.output >= 0:
+            os.close(self.output)
+            self.output = -1
+        atexit.unregister(self.stop)
 
 
 _SERVERS: dict[str, Server] = {}
@@ -91,11 +118,22 @@ _STARTING = threading.Lock()
 _SESSIONS: dict[tuple[str, int], asyncio.Semaphore] = {}
 
 
+_CLOSING: set[asyncio.Task[None]] = set()
+"""Sessions being closed on the event loop after their episodes: held here until done (the loop keeps only a weak
+reference to a task, and the episode's environment is dropped when it ends)."""
+
+
 def server(app: str) -> Server:
-    """This process's server of `app`: started on first use, and again if it died."""
+    """This process's server of `app`: started on first use, and again if it died (the end of the dead one's
+    output logged as a warning: its episodes failed with a connection error, this says why)."""
     with _STARTING:
         running = _SERVERS.get(app)
-        if running is None or running.proc.poll() is not None:
+        if running is not None and running.proc.poll() is not None:
+            log.warning("the OpenEnv server of %s exited with %s; starting it again. The end of its output:\n%s",
+                        app, running.proc.returncode, running.tail())
+            running.stop()
+            running = None
+        if running is None:
             _SERVERS[app] = running = Server(app)
         return running
 
@@ -129,7 +167,6 @@ class OpenEnv:
         self.system_prompt, self.reset_kwargs, self.sessions = system_prompt, dict(reset or {}), sessions
         self.client: Any = None
         self.session: asyncio.Semaphore | None = None
-        self.closing: asyncio.Task[Any] | None = None
 
     async def start(self, row: dict[str, Any]) -> Start:
         url = self.url
@@ -153,8 +190,7 @@ class OpenEnv:
         fields = {self.action_field: turn.text}
         result = await self.client.step(self.action_cls(**fields) if self.action_cls is not None else fields)
         observation = result.observation
-        metadata = _field(observation, "metadata") or {}
-        metrics = {k: float(v) for k, v in metadata.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        metrics = numeric(_field(observation, "metadata") or {})
         reward = float(result.reward) if result.reward is not None else None
         if result.done:
             return Step(reward=reward, done=True, metrics=metrics)
@@ -163,7 +199,7 @@ class OpenEnv:
     def close(self) -> None:
         if self.client is None:
             return
-        closing = self._close(self.client, self.session)
+        closing = _close(self.client, self.session)
         self.client = self.session = None
         try:
             loop = asyncio.get_running_loop()
@@ -172,15 +208,9 @@ class OpenEnv:
             return
         # The session ends on the server when its WebSocket closes, which waits on the network: on the event
         # loop, after the episode.
-        self.closing = loop.create_task(closing)
-
-    @staticmethod
-    async def _close(client: Any, session: asyncio.Semaphore | None) -> None:
-        try:
-            await client.close()
-        finally:
-            if session is not None:
-                session.release()
+        task = loop.create_task(closing)
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
 
     def _text(self, observation: Any) -> str:
         """What the model is shown of `observation`: its `observation_field`, or all of it but done, reward and
@@ -193,6 +223,17 @@ class OpenEnv:
             return value if isinstance(value, str) else json.dumps(value)
         shown = {k: v for k, v in _fields(observation).items() if k not in ("done", "reward", "metadata")}
         return json.dumps(shown)
+
+
+async def _close(client: Any, session: asyncio.Semaphore | None) -> None:
+    """Close `client`'s session and give its place back (`session`). A client that fails to close is logged, not
+    raised: the episode is over, and `close()` must not raise (`distrl.agents.env`)."""
+    task = asyncio.ensure_future(client.close())
+    await asyncio.wait([task])
+    if session is not None:
+        session.release()
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("closing an OpenEnv session failed: %s: %s", type(task.exception()).__name__, task.exception())
 
 
 def _fields(observation: Any) -> dict[str, Any]:

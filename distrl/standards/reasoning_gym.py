@@ -11,8 +11,14 @@ after a system prompt that asks for the answer between `<answer>` tags (reasonin
 entry's answer and metadata, and the task and config that made it. `score` extracts the answer from the tags
 (`reasoning_gym.utils.extract_answer`) and returns what the task's `score_answer` gives it, from a dataset built
 with the same config (a task's scorer may read its config). A held-out set is the same generator with another
-seed. In an environment job (a mixture), `distrl.agents.envs:ToolEnvironment` with no tools and `reward: score`
-plays the same single turn.
+seed range. In an environment job (a mixture), `distrl.agents.envs:ToolEnvironment` with no tools and `reward:
+score` plays the same single turn.
+
+reasoning-gym draws entry i of a set from `Random(seed + i)`: a set of `size` rows with `seed` s is the entries of
+seeds s to s + size - 1, and the set of seed s + 1 is the same rows shifted by one. A held-out set is another seed
+*range*: `held_out_problems` names the held-out sets whose range meets the training data's (the preflight refuses
+them). A task with few distinct questions repeats them in any two ranges; the held-out figure of such a task is not
+a held-out figure (`overlap` counts the questions two sets share).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from typing import Any
 
 from distrl.standards import require
 
+ROWS = "distrl.standards.reasoning_gym:rows"
+DEFAULT_SIZE, DEFAULT_SEED = 1000, 0
 DEFAULT_SYSTEM_PROMPT = "default"
 """The key of reasoning-gym's `SYSTEM_PROMPTS` used unless `rows` is given another (or a text, or null)."""
 
@@ -42,7 +50,7 @@ def _tasks(tasks: str | list[str | dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def rows(tasks: str | list[str | dict[str, Any]], size: int = 1000, seed: int = 0,
+def rows(tasks: str | list[str | dict[str, Any]], size: int = DEFAULT_SIZE, seed: int = DEFAULT_SEED,
          system_prompt: str | None = DEFAULT_SYSTEM_PROMPT) -> list[dict[str, Any]]:
     """`size` rows of reasoning-gym's `tasks` (a task name, or a list of names and `{name, weight, config}`: the
     config as the task's config class takes it), generated with `seed`. `system_prompt`: a key of
@@ -71,6 +79,36 @@ def rows(tasks: str | list[str | dict[str, Any]], size: int = 1000, seed: int = 
         out.append({"prompt": prompt, "answer": str(entry["answer"]), "metadata": entry["metadata"],
                     "task": task, "task_config": configs[task]})
     return out
+
+
+def seed_range(kwargs: dict[str, Any]) -> range:
+    """The generator seeds of the entries that `rows(**kwargs)` makes."""
+    seed, size = kwargs.get("seed", DEFAULT_SEED), kwargs.get("size", DEFAULT_SIZE)
+    return range(seed, seed + size)
+
+
+def held_out_problems(training: dict[str, Any], held_out: dict[str, Any], field: str, training_field: str) -> list[str]:
+    """A line if `rows(**held_out)` (at config path `field`) draws entries of the same tasks from seeds that
+    `rows(**training)` (at `training_field`) draws too: those held-out rows are training rows."""
+    try:
+        if _tasks(training["tasks"]) != _tasks(held_out["tasks"]):
+            return []
+    except (KeyError, ValueError):  # not rows of tasks: the data's own checks say why
+        return []
+    train, held = seed_range(training), seed_range(held_out)
+    shared = range(max(train.start, held.start), min(train.stop, held.stop))
+    if not shared:
+        return []
+    return [f"{field}: its reasoning-gym rows are drawn from seeds {held.start}-{held.stop - 1} and the training "
+            f"data's ({training_field}) from seeds {train.start}-{train.stop - 1}: reasoning-gym draws entry i of a "
+            f"set from seed + i, so {len(shared)} of its {len(held)} rows are training rows. Give it a seed from "
+            f"{train.stop} on"]
+
+
+def overlap(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> int:
+    """How many rows of `b` ask a question (prompt) that a row of `a` asks."""
+    questions = {json.dumps(row["prompt"], sort_keys=True) for row in a}
+    return sum(json.dumps(row["prompt"], sort_keys=True) in questions for row in b)
 
 
 def score(prompt: str, completion: str, sample: dict[str, Any]) -> dict[str, Any]:

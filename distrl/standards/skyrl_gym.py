@@ -17,8 +17,7 @@ import asyncio
 from typing import Any
 
 from distrl.agents.env import Start, Step, Turn
-from distrl.standards import require
-from distrl.standards.gem import numeric
+from distrl.standards import numeric, require
 
 
 class SkyRLGymEnv:

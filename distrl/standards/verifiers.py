@@ -76,6 +76,25 @@ def load(env_id: str, env_args: dict[str, Any] | None = None) -> Any:
         return _ENVIRONMENTS[key]
 
 
+def problems(kwargs: dict[str, Any], tool_parser: str | None) -> list[str]:
+    """The preflight's lines for `VerifiersEnv(**kwargs)` with `env.tool_parser`: an environment that offers tools
+    (a `ToolEnv`) needs the model's tool-call format, without which the model's calls would reach verifiers as
+    plain text and never run."""
+    env_id = kwargs.get("env_id")
+    if tool_parser is not None or not isinstance(env_id, str):
+        return []
+    try:
+        env = load(env_id, kwargs.get("env_args"))
+    except (TypeError, ValueError, KeyError, AssertionError, ImportError) as err:  # as data.function's rows
+        return [f"env.kwargs: cannot load verifiers environment {env_id!r}: {type(err).__name__}: {err}"]
+    tools = [tool["function"]["name"] for tool in getattr(env, "oai_tools", None) or []]
+    if not tools:
+        return []
+    return [f"env.tool_parser: verifiers environment {env_id!r} offers tools ({', '.join(tools)}) and env.tool_parser "
+            f"is null, so the model's tool calls would never be parsed and run; set it to the model's tool-call "
+            f"format (e.g. hermes for Qwen2.5)"]
+
+
 def rows(env_id: str, env_args: dict[str, Any] | None = None, split: str = "train",
          count: int | None = None) -> list[dict[str, Any]]:
     """The rows of environment `env_id`'s data set (`split` "train") or evaluation set ("eval"; its data set when

@@ -1,146 +1,95 @@
-"""A tiny model learns a reasoning-gym task with the task's own scorer: one-digit additions (`basic_arithmetic`,
-configs/reasoning-gym.yaml), warm-started on the generator's own answers, then GRPO with `score_answer` as the
-reward; held-out accuracy (the same generator, another seed) before and after.
+"""A tiny model learns a reasoning-gym task with the task's own scorer: `word_sequence_reversal` with three words
+(configs/reasoning-gym.yaml), warm-started on the generator's own answers mixed with the words unreversed, then
+GRPO with `score_answer` as the reward; held-out accuracy (the same generator, a seed range of its own) before and
+after.
 
     PYTHONPATH=. python -m examples.reasoning_gym.run [--set key=value ...]
 
-1. rows of the training set (seed 1) and the held-out set (seed 2), from reasoning-gym's generator;
-2. a random 2-layer Llama whose tokenizer is trained on the task's text (digits kept one token each);
-3. a short supervised warm start on `<answer>{the generator's answer}</answer>`, stopped early on purpose, so that
-   the policy is right on some problems and GRPO has something to learn;
-4. held-out accuracy (the task's `score_answer`, sampled at T = 1 and greedy), GRPO (`distrl.driver.train`), and
-   the held-out accuracy of the trained policy. Everything is written under artifacts/reasoning-gym/.
+1. rows from reasoning-gym's generator: the warm start's (the config's `data` kwargs, one row per example: seeds
+   1-80000 by default), GRPO's (the config's `data`: seeds 1-2000) and the held-out set's (its `eval.sets[0]`:
+   seeds 1000001-1000200); how many held-out questions the warm start saw (the same three words drawn again);
+2. a random 2-layer Llama whose tokenizer is trained on the first 5000 warm-start rows (`warm_start.build_model`);
+3. a supervised warm start, half of the questions answered with the generator's answer and half with the words in
+   the order given (`warm_start.warm_start`);
+4. held-out accuracy (exact and the scorer's, sampled at T = 1 and greedy: `evaluate`), GRPO (`distrl.driver.
+   train`, which evaluates the held-out set on its own engines every `eval.every` steps), and the held-out
+   accuracy of the trained policy. Everything is written under artifacts/reasoning-gym/ and the run directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
-import re
 import time
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from distrl import config
 from distrl.standards import reasoning_gym
-from distrl.workers.tiny_model import make_tiny_model
 from examples.calculator.run import trained_model
+from examples.reasoning_gym.evaluate import Accuracy, evaluate
+from examples.reasoning_gym.warm_start import build_model, warm_start
 
 CONFIG = Path("configs/reasoning-gym.yaml")
 ARTIFACTS = Path("artifacts/reasoning-gym")
+WARM_BATCH = 32
+DEFAULT_WARM_START_STEPS = 2500
+TOKENIZER_ROWS = 5000
 
 
-def completion(row: dict[str, Any]) -> str:
-    return f"<answer>{row['answer']}</answer>"
-
-
-def build_model(out_dir: Path, rows: list[dict[str, Any]], seed: int) -> Path:
-    """A random 2-layer Llama (hidden 128) with a tokenizer trained on the rows' text, digits taken out."""
-    corpus = [re.sub(r"\d", "", row["prompt"] + completion(row)) for row in rows]
-    return make_tiny_model(out_dir, vocab_size=512, hidden_size=128, num_layers=2, num_heads=4, seed=seed,
-                           corpus=corpus)
-
-
-def encode(tokenizer: Any, row: dict[str, Any]) -> tuple[list[int], list[int]]:
-    """(prompt ids as distrl tokenizes a plain prompt: BOS, then the text; the answer's ids and EOS)."""
-    prompt = tokenizer(row["prompt"], add_special_tokens=True)["input_ids"]
-    return prompt, [*tokenizer.encode(completion(row), add_special_tokens=False), tokenizer.eos_token_id]
-
-
-def warm_start(model_dir: Path, rows: list[dict[str, Any]], steps: int, seed: int, batch_size: int = 32) -> list[float]:
-    """Supervised steps on the generator's answers (loss on the answer only); the model is saved in place."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    rng, losses = random.Random(seed), []
-    for _ in range(steps):
-        pairs = [encode(tokenizer, rng.choice(rows)) for _ in range(batch_size)]
-        width = max(len(p) + len(c) for p, c in pairs)
-        pad = tokenizer.pad_token_id
-        ids = torch.tensor([p + c + [pad] * (width - len(p) - len(c)) for p, c in pairs])
-        labels = torch.tensor([[-100] * len(p) + c + [-100] * (width - len(p) - len(c)) for p, c in pairs])
-        loss = model(input_ids=ids, attention_mask=(ids != pad).long(), labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    model.save_pretrained(model_dir)
-    return losses
-
-
-def accuracy(model_dir: Path, rows: list[dict[str, Any]], temperature: float, max_new_tokens: int, seed: int = 0,
-             batch_size: int = 100) -> float:
-    """Mean of the task's own score over `rows`, one answer each, sampled at `temperature` (0: greedy) by HF
-    `generate` (left-padded batches)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    torch.manual_seed(seed)
-    sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0
-                else dict(do_sample=False))
-    total = 0.0
-    for start in range(0, len(rows), batch_size):
-        batch = rows[start:start + batch_size]
-        prompts = [encode(tokenizer, row)[0] for row in batch]
-        width = max(map(len, prompts))
-        pad = tokenizer.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=(ids != pad).long(), max_new_tokens=max_new_tokens,
-                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=pad, **sampling)
-        for row, tokens in zip(batch, out[:, width:].tolist(), strict=True):
-            text = tokenizer.decode(tokens, skip_special_tokens=True)
-            total += reasoning_gym.score(row["prompt"], text, row)["reward"]
-    return total / len(rows)
-
-
-def evaluate(model_dir: Path, rows: list[dict[str, Any]], max_new_tokens: int) -> dict[str, float]:
-    return {"sampled": accuracy(model_dir, rows, 1.0, max_new_tokens),
-            "greedy": accuracy(model_dir, rows, 0.0, max_new_tokens)}
+def show(when: str, figures: dict[str, Accuracy]) -> str:
+    return ", ".join(f"{when} {name}: exact {a.exact:.3f}, score {a.score:.3f}" for name, a in figures.items())
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--warm-start-steps", type=int, default=150)
-    parser.add_argument("--n-eval", type=int, default=300)
+    parser.add_argument("--warm-start-steps", type=int, default=DEFAULT_WARM_START_STEPS)
+    parser.add_argument("--right-frac", type=float, default=0.5,
+                        help="share of warm-start answers that are the generator's (the rest: the words unreversed)")
     args = parser.parse_args(argv)
     cfg = config.load(CONFIG, args.overrides)
+    assert cfg.data.function is not None and cfg.eval is not None
     began = time.perf_counter()
-    train_rows = reasoning_gym.rows(**cfg.data.kwargs)
-    held_out = reasoning_gym.rows(**{**cfg.data.kwargs, "size": args.n_eval, "seed": cfg.data.kwargs["seed"] + 1})
+    warm_rows = reasoning_gym.rows(**{**cfg.data.kwargs, "size": args.warm_start_steps * WARM_BATCH})
+    held_out = reasoning_gym.rows(**cfg.eval.sets[0].kwargs)
+    seen = {row["prompt"] for row in warm_rows}
+    overlap = sum(row["prompt"] in seen for row in held_out)
+    print(f"{len(warm_rows)} warm-start rows, {cfg.data.kwargs['size']} GRPO rows (the first), {len(held_out)} "
+          f"held-out rows, {overlap} of them among the warm start's questions")
+
     warm = Path(cfg.model.path)
     t = time.perf_counter()
-    build_model(warm, train_rows, cfg.run.seed)
-    losses = warm_start(warm, train_rows, args.warm_start_steps, cfg.run.seed)
+    build_model(warm, warm_rows[:TOKENIZER_ROWS], cfg.run.seed)
+    losses = warm_start(warm, warm_rows, args.warm_start_steps, cfg.run.seed, right_frac=args.right_frac,
+                        batch_size=WARM_BATCH)
     warm_s = time.perf_counter() - t
     tokens = cfg.rollout.sampling.max_new_tokens
-    before = evaluate(warm, held_out, tokens)
+    temperature = cfg.rollout.sampling.temperature
+    before = evaluate(warm, held_out, tokens, temperature)
     print(f"warm start: {args.warm_start_steps} steps in {warm_s:.0f} s, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
-    print(f"held-out accuracy before GRPO: sampled {before['sampled']:.3f}, greedy {before['greedy']:.3f}")
+    print(show("held-out before GRPO,", before))
 
     from distrl.driver import train
 
     t = time.perf_counter()
     history = train(cfg)
     grpo_s = time.perf_counter() - t
-    after = evaluate(trained_model(Path(cfg.run.output_dir) / cfg.run.name, warm), held_out, tokens)
-    print("step  reward")
+    after = evaluate(trained_model(Path(cfg.run.output_dir) / cfg.run.name, warm), held_out, tokens, temperature)
+    name = cfg.eval.sets[0].name
+    print("step  reward  held-out (distrl's engines): exact  score")
     for step, h in enumerate(history, start=1):
-        print(f"{step:4d}  {h['reward/mean']:6.3f}")
-    print(f"held-out accuracy (n = {len(held_out)}, seed {cfg.data.kwargs['seed'] + 1}): sampled "
-          f"{before['sampled']:.3f} -> {after['sampled']:.3f}, greedy {before['greedy']:.3f} -> {after['greedy']:.3f}")
+        curve = (f"  {h[f'eval/{name}/pass@1']:5.3f}  {h[f'eval/{name}/accuracy']:5.3f}"
+                 if f"eval/{name}/accuracy" in h else "")
+        print(f"{step:4d}  {h['reward/mean']:6.3f}{curve}")
+    print(show("held-out before GRPO,", before))
+    print(show("held-out after GRPO, ", after))
     total_s = time.perf_counter() - began
     print(f"wall time: warm start {warm_s:.0f} s, GRPO {grpo_s:.0f} s ({len(history)} steps), total {total_s:.0f} s")
-    summary = {"warm_start_s": warm_s, "grpo_s": grpo_s, "total_s": total_s, "before": before, "after": after,
-               "reward": [h["reward/mean"] for h in history], "warm_start_loss": [losses[0], losses[-1]]}
+    summary = {"overlap": overlap, "warm_start_s": warm_s, "grpo_s": grpo_s, "total_s": total_s,
+               "before": {k: vars(a) for k, a in before.items()}, "after": {k: vars(a) for k, a in after.items()},
+               "reward": [h["reward/mean"] for h in history], "warm_start_loss": [losses[0], losses[-1]],
+               "held_out_curve": {h["step"]: {"exact": h[f"eval/{name}/pass@1"], "score": h[f"eval/{name}/accuracy"]}
+                                  for h in history if f"eval/{name}/accuracy" in h}}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

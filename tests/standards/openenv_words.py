@@ -1,12 +1,16 @@
 """An OpenEnv environment as OpenEnv's packages write one: typed Action and Observation models, an `Environment`
 whose sessions are independent (`SUPPORTS_CONCURRENT_SESSIONS`), the FastAPI app `create_app` serves it with, and
-the `EnvClient` that speaks to it. The game: the observation names a word (the reset's seed picks it); the player
-should say it; each step rewards 1 if the message holds the word, and the episode ends after `ROUNDS` steps.
+the `EnvClient` that speaks to it. The game: the observation names a word (the reset's seed picks it, or its
+`word`); the player should say it; each step rewards 1 if the message holds the word, and the episode ends after
+`ROUNDS` steps.
 
-Served by `uvicorn tests.standards.openenv_words:app`; `SLOW_WORD` makes a step hang (for the time-out tests)."""
+Served by `uvicorn tests.standards.openenv_words:app` (at most 64 sessions at once; `narrow_app`: 2). `SLOW_WORD`
+makes a step hang (for the time-out tests); `LOUD_WORD` makes it write `LOUD_BYTES` to stderr (a server that logs
+much). `CountingWordEnv` is the client with a count of its connections open at once in this process."""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -19,6 +23,9 @@ from openenv.core.env_server.types import Action, Observation, State
 WORDS = ["apple", "river", "stone", "cloud", "maple", "tiger"]
 ROUNDS = 2
 SLOW_WORD = "sleep"
+LOUD_WORD = "shout"
+LOUD_BYTES = 100_000
+"""More than a pipe holds (64 KB on Linux): a server whose stderr is a pipe no one reads blocks on it."""
 
 
 class WordAction(Action):
@@ -38,14 +45,17 @@ class WordEnvironment(Environment):
         self._state = State(episode_id="", step_count=0)
         self.word = WORDS[0]
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> WordObservation:
-        self.word = WORDS[(seed or 0) % len(WORDS)]
+    def reset(self, seed: int | None = None, episode_id: str | None = None, word: str | None = None,
+              **kwargs: Any) -> WordObservation:
+        self.word = WORDS[(seed or 0) % len(WORDS)] if word is None else word
         self._state = State(episode_id=episode_id or "", step_count=0)
         return WordObservation(prompt=f"Say the word {self.word}.", done=False, reward=None)
 
     def step(self, action: WordAction, timeout_s: float | None = None, **kwargs: Any) -> WordObservation:
         if SLOW_WORD in action.message:
             time.sleep(60)
+        if LOUD_WORD in action.message:
+            print(f"{LOUD_WORD} " * (LOUD_BYTES // (len(LOUD_WORD) + 1)), file=sys.stderr, flush=True)
         self._state.step_count += 1
         reward = float(self.word in action.message)
         done = self._state.step_count >= ROUNDS
@@ -58,6 +68,7 @@ class WordEnvironment(Environment):
 
 
 app = create_app(WordEnvironment, WordAction, WordObservation, max_concurrent_envs=64)
+narrow_app = create_app(WordEnvironment, WordAction, WordObservation, max_concurrent_envs=2)
 
 
 class WordEnv(EnvClient[WordAction, WordObservation, State]):
@@ -71,3 +82,25 @@ class WordEnv(EnvClient[WordAction, WordObservation, State]):
 
     def _parse_state(self, payload: dict[str, Any]) -> State:
         return State(**payload)
+
+
+CONNECTIONS = {"open": 0, "most": 0}
+"""`CountingWordEnv`'s connections open now, and the most open at once."""
+
+
+class CountingWordEnv(WordEnv):
+    counted = False
+
+    async def _connect_async(self) -> WordEnv:  # OpenEnv calls it before every message: counted once
+        connected = await super()._connect_async()
+        if not self.counted:
+            self.counted = True
+            CONNECTIONS["open"] += 1
+            CONNECTIONS["most"] = max(CONNECTIONS["most"], CONNECTIONS["open"])
+        return connected
+
+    async def _close_async(self) -> None:
+        await super()._close_async()
+        if self.counted:
+            self.counted = False
+            CONNECTIONS["open"] -= 1

@@ -5,6 +5,7 @@ adapters do without an engine, in a second."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from distrl.agents.chat import ChatRenderer
@@ -18,17 +19,20 @@ BUDGET = Budget(max_turns=6, max_tokens=400, context=1024, max_new_tokens=100)
 
 class Turns:
     """A sampler whose k-th turn of each episode is `texts[k]` (the same script for every episode), tokenized,
-    with the tokenizer's end-of-turn token; it records the prompts it was given."""
+    with the tokenizer's end-of-turn token; it records the prompts it was given, and calls `before_turn(k)` (when
+    given) before it answers with turn k (a fault injected between two steps)."""
 
     version = 0
 
-    def __init__(self, tokenizer: Any, texts: list[str]):
-        self.tokenizer, self.texts = tokenizer, texts
+    def __init__(self, tokenizer: Any, texts: list[str], before_turn: Callable[[int], None] | None = None):
+        self.tokenizer, self.texts, self.before_turn = tokenizer, texts, before_turn
         self.prompts: dict[int, list[list[int]]] = {}
 
     async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> Sampled:
         asked = self.prompts.setdefault(seed & 0xFFFFFFFF, [])  # turn_seed(base, sample, turn): per episode
         asked.append(list(prompt_ids))
+        if self.before_turn is not None:
+            self.before_turn(len(asked) - 1)
         text = self.texts[min(len(asked) - 1, len(self.texts) - 1)]
         ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
         return Sampled(list(prompt_ids), ids, [-1.0] * len(ids), [self.version] * len(ids), text, "stop")
@@ -36,11 +40,12 @@ class Turns:
 
 def play(tokenizer: Any, spec: str, kwargs: dict[str, Any], rows: list[dict[str, Any]], texts: list[str],
          budget: Budget = BUDGET, timeout_s: float = 30.0, on_error: str = "raise",
-         tool_parser: str | None = "hermes") -> list[EpisodeResult]:
-    """One episode per row, all at once, of environment `spec` with `kwargs`, the model's turns `texts`."""
+         tool_parser: str | None = "hermes", before_turn: Callable[[int], None] | None = None) -> list[EpisodeResult]:
+    """One episode per row, all at once, of environment `spec` with `kwargs`, the model's turns `texts` (and
+    `before_turn`, see `Turns`)."""
     host = EnvHost(spec, kwargs, timeout_s, on_error)  # type: ignore[arg-type]
     parser = ToolCallParser(tool_parser, tokenizer) if tool_parser else None
-    runner = EpisodeRunner(Turns(tokenizer, texts), ChatRenderer(tokenizer), budget, host, parser,
+    runner = EpisodeRunner(Turns(tokenizer, texts, before_turn), ChatRenderer(tokenizer), budget, host, parser,
                            tokenizer.eos_token_id)
 
     async def episodes() -> list[list[EpisodeResult]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from distrl.standards import seeds
+from distrl.standards import numeric, seeds
 from tests.standards.scripted import play
 
 GEM, SKYRL = "distrl.standards.gem:GemEnv", "distrl.standards.skyrl_gym:SkyRLGymEnv"
@@ -48,6 +48,44 @@ def test_a_gem_game_is_played_turn_by_turn_with_its_own_hints_and_rewards(tokeni
             assert 0 in result.trajectory.mask
 
 
+def test_a_hung_gem_step_ends_its_episode_and_later_episodes_run_on_another_thread(tokenizer):
+    pytest.importorskip("gem")
+    from distrl.standards.gem import _GEM
+    from tests.standards import gem_hang
+
+    kwargs = {"env_id": gem_hang.ENV_ID}
+    gem_hang.CLOSED.clear()
+    try:
+        [hung] = play(tokenizer, GEM, kwargs, seeds(1), [gem_hang.HANG], tool_parser=None, timeout_s=1.0)
+        assert (hung.episode.cut, hung.episode.turns) == ("env_timeout", 1)
+        # The step still hangs (until RELEASE); on a single gem thread these would wait behind it and be cut too.
+        later = play(tokenizer, GEM, kwargs, seeds(3, first=1), ["fine"], tool_parser=None, timeout_s=20.0)
+        assert [(r.episode.cut, r.episode.reward, r.episode.metrics) for r in later] == \
+            [(None, 1.0, {"seed": float(seed)}) for seed in (1, 2, 3)]
+        _GEM.submit(lambda: None)[1].result(20)  # the gem thread runs calls in order: the closes before it ran
+        assert sorted(gem_hang.CLOSED) == [0, 1, 2, 3]  # the hung episode's environment is closed too
+    finally:
+        gem_hang.RELEASE.set()
+
+
+def test_calls_waiting_behind_a_hung_gem_call_move_to_the_new_thread():
+    pytest.importorskip("gem")
+    import threading
+
+    from distrl.standards.gem import _GemThread
+
+    gem_thread, release = _GemThread(), threading.Event()
+    stuck, hung = gem_thread.submit(lambda: release.wait(60))
+    _, waiting = gem_thread.submit(lambda: "ran")
+    while not hung.running():
+        release.wait(0.01)
+    gem_thread.abandon(stuck)
+    assert waiting.result(20) == "ran" and not hung.done()
+    assert gem_thread.worker is not stuck and gem_thread.submit(lambda: 7)[1].result(20) == 7
+    release.set()
+    assert hung.result(20) is True
+
+
 def test_a_skyrl_gym_environment_gives_turn_level_rewards_and_its_metrics(tokenizer):
     pytest.importorskip("skyrl_gym")
     row = {"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "env_class": "gsm8k_multi_turn",
@@ -67,3 +105,8 @@ def test_seeds_are_rows_of_episodes():
     assert seeds(2, first=5) == [{"prompt": "episode 5", "seed": 5}, {"prompt": "episode 6", "seed": 6}]
     with pytest.raises(ValueError, match="at least 1"):
         seeds(0)
+
+
+def test_numeric_keeps_an_environments_numbers_as_figures():
+    info = {"turns": 3, "score": 0.5, "solved": True, "guess": "7", "trace": [1, 2], "none": None}
+    assert numeric(info) == {"turns": 3.0, "score": 0.5}  # booleans are flags, not figures

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-import tests.standards.vf_import  # noqa: F401 - verifiers beside tests/agents (see there)
 from distrl.agents.chat import ChatRenderer
 from distrl.agents.host import EnvError
 from distrl.config import ModelConfig
@@ -16,7 +15,7 @@ from tests.standards.scripted import call, play
 
 pytest.importorskip("verifiers")
 
-ARITH, TOOLS = "tests.standards.vf_arith", "tests.standards.vf_tools"
+ARITH, TOOLS, GUESS = "tests.standards.vf_arith", "tests.standards.vf_tools", "tests.standards.vf_guess"
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +100,49 @@ def test_a_completion_reply_carries_the_turns_tool_calls_as_openai_writes_them()
                                                 "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]
     plain = adapter.completion(Turn("hi", "hi", [], None, 0, "length"), "distrl")["choices"][0]
     assert (plain["finish_reason"], plain["message"]) == ("length", {"role": "assistant", "content": "hi"})
+
+
+def test_a_multi_turn_environment_answers_with_user_messages_of_its_own(tokenizer):
+    rows = adapter.rows(GUESS)  # the numbers 2, 4 and 5
+    results = play(tokenizer, "distrl.standards.verifiers:VerifiersEnv", {"env_id": GUESS}, rows, ["1", "2", "3", "4"],
+                   tool_parser=None)
+    chat = ChatRenderer(tokenizer)
+    eos = tokenizer.eos_token_id
+    # Guesses 1, 2, 3, 4 in turn until right (the environment's own stop condition), at most 4 turns; every guess
+    # is below the number, so every hint is "Higher.".
+    first = [*tokenizer.encode("1", add_special_tokens=False), eos]
+    hint = chat.observation_ids([{"role": "user", "content": "Higher."}], [], eos)
+    for result, turns in zip(results, [2, 4, 4], strict=True):
+        e, t = result.episode, result.trajectory
+        assert (e.turns, e.cut, e.drift, e.tool_calls) == (turns, None, 0, 0)
+        assert e.metrics["guesses"] == turns and e.metrics["num_turns"] == turns and e.metrics["error"] == 0.0
+        # The hint is a user message the template renders after the turn: given, not trained on.
+        assert t.response_ids[:len(first) + len(hint)] == first + hint
+        assert t.mask[:len(first) + len(hint)] == [1] * len(first) + [0] * len(hint)
+        assert t.mask.count(0) == (turns - 1) * len(hint)
+    # The rubric's reward: right for 2 and 4; 5 is never guessed in 4 turns.
+    assert [r.episode.reward for r in results] == [1.0, 1.0, 0.0]
+
+
+def test_the_preflight_refuses_a_tool_environment_without_a_tool_parser(tiny_model_dir, tmp_path):
+    from distrl import preflight
+    from distrl.config import from_dict
+
+    def config(env_id: str, tool_parser: str | None, mixed: bool = False):
+        env = {"class": "distrl.standards.verifiers:VerifiersEnv", "kwargs": {"env_id": env_id}}
+        if mixed:
+            env = {"class": "distrl.standards.mixture:Mixture", "kwargs": {"envs": {"v": env}}}
+        return from_dict({"model": {"path": str(tiny_model_dir)},
+                          "data": {"function": "distrl.standards.verifiers:rows", "kwargs": {"env_id": env_id}},
+                          "env": {**env, "tool_parser": tool_parser},
+                          "run": {"output_dir": str(tmp_path)}, "cluster": {"backend": "local"}})
+
+    line = (f"env.tool_parser: verifiers environment {TOOLS!r} offers tools (add) and env.tool_parser is null, so "
+            f"the model's tool calls would never be parsed and run; set it to the model's tool-call format (e.g. "
+            f"hermes for Qwen2.5)")
+    for mixed in (False, True):
+        with pytest.raises(preflight.PreflightError) as err:
+            preflight.check(config(TOOLS, None, mixed))
+        assert err.value.problems == [line]
+        preflight.check(config(TOOLS, "hermes", mixed))
+        preflight.check(config(ARITH, None, mixed))  # no tools: no parser needed

@@ -87,7 +87,7 @@ def run(sampler, envs, budget=BUDGET):
 
 
 def host(**kwargs):
-    spec = kwargs.pop("spec", "tests.agents.test_episode:Countdown")
+    spec = kwargs.pop("spec", "tests.agent_tests.test_episode:Countdown")
     return EnvHost(spec, kwargs, step_timeout_s=kwargs.pop("timeout", 5.0), on_error=kwargs.pop("on_error", "raise"))
 
 
@@ -153,7 +153,7 @@ def test_an_environment_that_raises_ends_the_run_naming_class_episode_and_line()
     with pytest.raises(EnvError) as err:
         run(Script([[10]] * 3), host(turns=3, fail_at=1))
     message = str(err.value)
-    assert "tests.agents.test_episode:Countdown.step failed in episode 7.1: ZeroDivisionError" in message
+    assert "tests.agent_tests.test_episode:Countdown.step failed in episode 7.1: ZeroDivisionError" in message
     assert "test_episode.py" in message and 'raise ZeroDivisionError("the environment\'s own bug")' in message
 
 
@@ -172,11 +172,11 @@ def test_an_environment_must_answer_with_the_protocols_types():
 
 
 @pytest.mark.parametrize(("spec", "problem"), [
-    ("tests.agents.test_episode", "must be written 'package.module:Class'"),
-    ("tests.agents.no_such_module:Env", "cannot import module"),
-    ("tests.agents.test_episode:Nope", "has no attribute 'Nope'"),
-    ("tests.agents.test_episode:run", "is a function, not a class"),
-    ("tests.agents.test_episode:FixedChat", "start must be an 'async def' method"),
+    ("tests.agent_tests.test_episode", "must be written 'package.module:Class'"),
+    ("tests.agent_tests.no_such_module:Env", "cannot import module"),
+    ("tests.agent_tests.test_episode:Nope", "has no attribute 'Nope'"),
+    ("tests.agent_tests.test_episode:run", "is a function, not a class"),
+    ("tests.agent_tests.test_episode:FixedChat", "start must be an 'async def' method"),
 ])
 def test_an_environment_spec_is_checked_when_it_is_resolved(spec, problem):
     with pytest.raises(ValueError, match=problem):

@@ -1,0 +1,154 @@
+"""The preflight's checks of the models: the policy's config, context length and tokenizer, the reference's and
+the critic's configs; each problem one line naming its field."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from distrl.config import Config
+from distrl.hub import HubError, is_hub_name, local_dir
+
+# Config keys that state a model's context length, as vLLM reads them (the smallest wins; model_max_length, when
+# the model config has it, overrides the rest).
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+# RoPE types whose max_position_embeddings already includes their scaling: vLLM does not multiply by `factor`.
+PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def check_model(cfg: Config, problems: list[str]):
+    """Check the policy (config, context length, tokenizer) and the reference; returns the tokenizer if it loads."""
+    m = cfg.model
+    tokenizer = None
+    if m.create_tiny_if_missing and not (Path(m.path) / "config.json").is_file():
+        from distrl.workers.tiny_model import CONTEXT_LENGTH
+
+        _context(cfg, CONTEXT_LENGTH, "max_position_embeddings of the tiny model", problems)
+        if m.tokenizer:
+            tokenizer = _tokenizer(m.tokenizer, "model.tokenizer", m.trust_remote_code, problems)
+    else:
+        hf_config = _hf_config(m.path, "model.path", m.trust_remote_code, problems)
+        if hf_config is not None or m.tokenizer:  # a missing model is one problem, not two
+            tokenizer = _tokenizer(m.tokenizer or m.path, "model.tokenizer" if m.tokenizer else "model.path",
+                                   m.trust_remote_code, problems)
+        if hf_config is not None:
+            limit, key = context_length(hf_config, tokenizer)
+            if limit is not None:
+                _context(cfg, limit, key, problems)
+    if cfg.needs_reference and cfg.reference.path:
+        _hf_config(cfg.reference.path, "reference.path", m.trust_remote_code, problems)
+    if cfg.critic is not None and cfg.critic.path:
+        _hf_config(cfg.critic.path, "critic.path", m.trust_remote_code, problems)
+    return tokenizer
+
+
+def _hf_config(path: str, field: str, trust_remote_code: bool, problems: list[str]):
+    """The model's transformers config, or None after noting why it cannot be loaded."""
+    local = model_dir(path, field, "config.json", problems)
+    if local is None:
+        return None
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(local, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        hub = "" if local == path else f" (the hub name's snapshot in the Hugging Face cache, {local})"
+        problems.append(f"{field}: cannot load the model config from {path}{hub}: {_one_line(err)}")
+        return None
+
+
+def _tokenizer(path: str, field: str, trust_remote_code: bool, problems: list[str]):
+    local = model_dir(path, field, None, problems)
+    if local is None:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        problems.append(f"{field}: cannot load a tokenizer from {path}: {_one_line(err)}")
+        return None
+
+
+def model_dir(path: str, field: str, needs: str | None, problems: list[str]) -> str | None:
+    """The local directory of model path `path` (holding `needs`), as every role resolves it (`distrl.hub`: a hub
+    name through the Hugging Face cache; here its config and tokenizer files only), or None after noting why not."""
+    local = Path(path).expanduser()
+    if local.exists() and not local.is_dir():
+        problems.append(f"{field}: {path} is a file, not a model directory")
+        return None
+    if not local.exists() and not is_hub_name(path):
+        problems.append(f"{field}: {path} does not exist{_relative_note(path)}")
+        return None
+    try:
+        resolved = local_dir(path, weights=False)
+    except HubError as err:
+        problems.append(f"{field}: {err}")
+        return None
+    if needs is not None and not (Path(resolved) / needs).is_file():
+        problems.append(f"{field}: {path} holds no {needs}")
+        return None
+    return resolved
+
+
+def context_length(hf_config, tokenizer=None) -> tuple[float | None, str]:
+    """The longest sequence vLLM serves for a model, and where that figure comes from; (None, '') when the config
+    states none (vLLM then assumes 2048 and accepts a longer rollout.max_model_len).
+
+    vLLM's rule: the smallest of the config's context keys (`model_max_length` overrides them), times the RoPE
+    scaling factor unless the RoPE type already includes it, and at most the tokenizer's `model_max_length`.
+    """
+    text = hf_config.get_text_config()
+    found = {k: getattr(text, k) for k in CONTEXT_KEYS if isinstance(getattr(text, k, None), (int, float))}
+    if not found:
+        return None, ""
+    key = "model_max_length" if "model_max_length" in found else min(found, key=found.__getitem__)
+    limit, source = float(found[key]), f"{key} in the model config"
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    if isinstance(rope, dict) and "gemma3" not in str(getattr(hf_config, "model_type", "")):
+        layers = [rope] if "rope_type" in rope or "type" in rope else [v for v in rope.values() if isinstance(v, dict)]
+        factor = 1.0
+        for params in layers:
+            if params.get("rope_type", params.get("type")) not in PRESCALED_ROPE:
+                factor = params.get("factor") or factor
+        limit *= factor
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tokenizer_limit, int) and tokenizer_limit < limit:
+        limit, source = float(tokenizer_limit), "model_max_length of the tokenizer"
+    return limit, source
+
+
+def _context(cfg: Config, limit: float, source: str, problems: list[str]) -> None:
+    """Note a problem if the engine's context (`rollout.max_model_len` or prompt + response) exceeds `limit`."""
+    if _long_context_allowed(cfg):
+        return
+    r = cfg.rollout
+    if r.max_model_len is not None:
+        if r.max_model_len > limit:
+            problems.append(f"rollout.max_model_len: {r.max_model_len} tokens, more than the model's context of "
+                            f"{limit:.0f} ({source}, model.path {cfg.model.path}); lower it")
+        return
+    prompt, response = cfg.longest_prompt_tokens, cfg.longest_turn_tokens
+    if prompt + response > limit:
+        prompt_field = ("data.max_prompt_tokens" if prompt == cfg.data.max_prompt_tokens
+                        else "eval.sets' max_prompt_tokens")
+        response_field = ("rollout.sampling.max_new_tokens" if response == r.sampling.max_new_tokens
+                          else "eval.sampling.max_new_tokens")
+        problems.append(f"{response_field}: {prompt_field} + {response_field} = {prompt} + {response} = "
+                        f"{prompt + response} tokens, more than the model's context of {limit:.0f} ({source}, "
+                        f"model.path {cfg.model.path}); lower either")
+
+
+def _long_context_allowed(cfg: Config) -> bool:
+    # vLLM's own escape hatch: with it set, the engine accepts a max_model_len beyond the model's context.
+    value = cfg.cluster.actor_env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"))
+    return (value or "0").strip().lower() in ("1", "true")
+
+
+def _relative_note(path: str) -> str:
+    return "" if Path(path).is_absolute() else f" (relative to the working directory {Path.cwd()})"
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
