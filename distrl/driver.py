@@ -119,7 +119,7 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
                                 max_staleness=cfg.max_staleness, chunk_prompts=cfg.rollout.chunk_prompts,
                                 dynamic_sampling=cfg.rollout.dynamic_sampling,
                                 load_weights=roles.sync.push_one if roles.sync.replaceable else None,
-                                unreplaceable=roles.sync.unreplaceable,
+                                unreplaceable=roles.sync.unreplaceable, pushes_skip=roles.sync.skips_engines,
                                 recovery=cfg.cluster.recovery, call_timeout_s=cfg.cluster.call_timeout_s,
                                 version=job.last_step, chunks_per_engine=cfg.chunks_per_engine,
                                 engines=None if cfg.cluster.hybrid_mode

@@ -6,6 +6,8 @@ serves the newest weights. The same engine's death at the lower bound is replace
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from distrl.cluster.backend import ActorLost, Done, LocalBackend
 from distrl.cluster.group import LocalGroup
 from distrl.cluster.producer import Producer
@@ -65,11 +67,12 @@ class FakePlacement:
         self.withdrawn = getattr(self, "withdrawn", 0) + 1
 
 
-def producer(group: LocalGroup, load_weights, fewest: int, most: int, k: int = 1) -> Producer:
+def producer(group: LocalGroup, load_weights, fewest: int, most: int, k: int = 1, pushes_skip: bool = True,
+             recovery: RecoveryConfig | None = None) -> Producer:
     stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(64)], seed=0, shuffle=False)
     return Producer(group, stream, RewardConfig(), prompts_per_step=4, max_staleness=k, chunk_prompts=1,
-                    dynamic_sampling=None, load_weights=load_weights, recovery=RecoveryConfig(), call_timeout_s=60.0,
-                    engines=(fewest, most))
+                    dynamic_sampling=None, load_weights=load_weights, recovery=recovery or RecoveryConfig(),
+                    call_timeout_s=60.0, engines=(fewest, most), pushes_skip=pushes_skip)
 
 
 def test_an_engine_that_dies_above_the_lower_bound_is_let_go_and_the_others_take_its_prompts():
@@ -162,7 +165,15 @@ class Declared(LocalGroup):
         return self.verdicts.pop(0)
 
 
-def test_an_unreachable_engine_is_replaced_only_once_ray_declares_it_dead():
+@pytest.fixture
+def ask_every_poll(monkeypatch):
+    """Ray is asked about unreachable engines at every poll (not at most once a second), so that tests need not wait."""
+    from distrl.cluster import engines
+
+    monkeypatch.setattr(engines, "VERDICT_POLL_S", 0.0)
+
+
+def test_an_unreachable_engine_is_replaced_only_once_ray_declares_it_dead(ask_every_poll):
     """At min_actors: no replacement is sent to the lost node's bundle while Ray has not declared the engine dead
     (it would die there too, a second death for one loss); pushes leave the engine out meanwhile."""
     loaded: list[int] = []
@@ -175,15 +186,22 @@ def test_an_unreachable_engine_is_replaced_only_once_ray_declares_it_dead():
     assert group.incarnations == [0] and loaded == []
     p.engines.poll()  # declared dead: replaced, within the restart budget
     assert group.incarnations == [1] and loaded == [0] and p.engines.counts.restarts == 1
-    assert not p.engines.unsure and p.lost(0, 0, ActorLost("the same death, reported again")) is None
+    assert not p.engines.unsure and p.engines.lost(0, 0, ActorLost("the same death, reported again")) is False
 
 
-def test_an_engine_that_stays_unreachable_is_replaced_after_the_wait(monkeypatch):
-    from distrl.cluster import engines
-
-    monkeypatch.setattr(engines, "CONFIRM_S", 0.0)
-    group = Declared("rollout", Unreachable(), lambda i, incarnation: Echo(), 1, verdicts=[])
+def test_ray_is_asked_about_an_unreachable_engine_at_most_once_a_second():
+    group = Declared("rollout", Unreachable(), lambda i, incarnation: Echo(), 1, verdicts=[False])
     p = producer(group, lambda i: Done(0), fewest=1, most=1)
+    p.lost(0, 0, ActorLost("cannot be reached"))
+    for _ in range(100):
+        p.engines.poll()
+    assert group.verdicts == []  # asked once: the hundred polls came within the second
+
+
+def test_an_engine_that_stays_unreachable_is_replaced_after_the_wait(ask_every_poll):
+    group = Declared("rollout", Unreachable(), lambda i, incarnation: Echo(), 1, verdicts=[])
+    p = producer(group, lambda i: Done(0), fewest=1, most=1,
+                 recovery=RecoveryConfig(verdict_timeout_s=1e-9))
     p.lost(0, 0, ActorLost("cannot be reached"))
     p.engines.poll()  # no verdict asked: the wait is over
     assert group.incarnations == [1] and not p.engines.unsure
@@ -194,7 +212,36 @@ class UnreachablePending(Pending):
         return True
 
 
-def test_an_unreachable_engine_is_let_go_if_an_engine_joined_before_ray_declared_it_dead():
+def test_under_a_sync_that_cannot_leave_an_engine_out_an_unreachable_one_is_replaced_at_once():
+    """NCCL: a broadcast needs every rank, so an engine left in the world while Ray decides would fail the next
+    push; it is replaced (and the world formed again) at once."""
+    group = Declared("rollout", Unreachable(), lambda i, incarnation: Echo(), 1, verdicts=[])
+    p = producer(group, lambda i: Done(0), fewest=1, most=1, pushes_skip=False)
+    p.lost(0, 0, ActorLost("cannot be reached"))
+    assert not p.engines.unsure and group.incarnations == [1]
+
+
+def test_a_chunk_an_unreachable_engine_returns_gives_it_no_new_chunk_and_its_idle_time_ends_when_let_go(
+        ask_every_poll):
+    """Engine 0 is found unreachable (by a push) while its chunk is in flight; the chunk still comes back (it had
+    finished): the engine takes no new chunk while Ray decides. Let go at the verdict (an engine joined), it no
+    longer counts as an idle rollout actor."""
+    placement = FakePlacement(1, placed=False)
+    group = Declared("rollout", UnreachablePending(), lambda i, incarnation: Echo(), 1, placement, verdicts=[True])
+    p = producer(group, lambda i: Done(0), fewest=1, most=2)
+    p._admit()
+    (handle,) = p.in_flight
+    p.lost(0, 0, ActorLost("cannot be reached"))
+    p._on_generated(handle)
+    assert p.idle == [] and p.engines.unsure
+    placement.ready.value = None
+    p._on_engines(p.engines.growing)  # engine 1 joins (and loads the weights)
+    p._poll_engines()  # the verdict: dead; let go
+    assert group.retired == {0} and 0 not in p.idle
+    assert 0 not in p._idle_since and p._idle_fraction() <= 1.0
+
+
+def test_an_unreachable_engine_is_let_go_if_an_engine_joined_before_ray_declared_it_dead(ask_every_poll):
     """At min_actors engine 0 cannot be reached; before Ray's verdict a node joins and the room reserved for a
     second engine starts one there; when the verdict comes, the bounds allow letting engine 0 go: no replacement
     waits for a node that the new engine has taken."""

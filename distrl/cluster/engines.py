@@ -8,8 +8,9 @@
   the engine's last error. A replacement that does not serve within `recovery.start_timeout_s` ends the run naming
   the engine and where it may run (its placement may wait for a node that never comes back). An engine that Ray
   cannot reach (its node lost, which Ray declares only once the node's health checks have failed) is replaced once
-  Ray declares it dead, or after `CONFIRM_S`: a replacement sent to its bundle before then would be sent to the
-  lost node and die with it, a second death for one loss.
+  Ray declares it dead, or after `recovery.verdict_timeout_s`: a replacement sent to its bundle before then would
+  be sent to the lost node and die with it, a second death for one loss. Where pushes cannot leave an engine out
+  (the NCCL weight sync: a broadcast needs every rank), it is replaced at once.
 - **Fewer engines.** While more than `cluster.rollout.min_actors` engines serve, a dead one is let go instead
   (its resources given back) and the others take its prompts.
 - **More engines.** While fewer than `cluster.rollout.max_actors` serve or start, one more waits for room: a
@@ -34,9 +35,8 @@ from distrl.cluster.group import ActorGroup
 from distrl.config import RecoveryConfig
 from distrl.workers.rollout import RolloutWorker
 
-CONFIRM_S = 60.0
-"""How long an engine Ray cannot reach waits to be declared dead before it is replaced anyway: about twice the time
-Ray's GCS takes, with its default health checks, to declare a lost node dead."""
+VERDICT_POLL_S = 1.0
+"""How often an engine Ray cannot reach is asked about (whether Ray has declared it dead)."""
 
 
 @dataclass
@@ -52,11 +52,11 @@ class Engines:
     """The lifecycle of the rollout engines of `actors`. `load_weights(i)` loads the learners' current weights into
     engine i and returns a handle resolving to the version it then serves (None: engines cannot be replaced,
     `unreplaceable` says why). `deadlines` are the producer's, where replacements get theirs. `fewest`, `most`: the
-    bounds of the number of engines."""
+    bounds of the number of engines. `pushes_skip`: weight pushes can leave an engine out (not under NCCL)."""
 
     def __init__(self, actors: ActorGroup[RolloutWorker], *, load_weights: Callable[[int], Any] | None,
                  unreplaceable: str, recovery: RecoveryConfig, deadlines: Deadlines,
-                 fewest: int | None = None, most: int | None = None):
+                 fewest: int | None = None, most: int | None = None, pushes_skip: bool = True):
         self.actors, self.load_weights, self.unreplaceable = actors, load_weights, unreplaceable
         self.recovery, self.deadlines = recovery, deadlines
         self.fewest, self.most = fewest or len(actors), most or len(actors)
@@ -66,6 +66,8 @@ class Engines:
         self._deaths: dict[int, deque[float]] = {}
         # engine -> (its error, when): unreachable, replaced once Ray declares it dead (`poll`)
         self.unsure: dict[int, tuple[BaseException, float]] = {}
+        self.pushes_skip = pushes_skip
+        self._asked = 0.0  # when `poll` last asked Ray about the unreachable engines
         self.counts = EngineCounts()
         self._grow()
 
@@ -94,8 +96,8 @@ class Engines:
         done already (a chunk and a weight push can both report the same death). Returns whether it was done now.
 
         An engine Ray cannot reach (its node may be lost, not yet declared) is replaced once Ray declares it dead,
-        or after `CONFIRM_S` (`poll`): a replacement sent to its placement bundle before then would be sent to the
-        lost node and die with it."""
+        or after `recovery.verdict_timeout_s` (`poll`): a replacement sent to its placement bundle before then would
+        be sent to the lost node and die with it."""
         if incarnation != self.actors.incarnations[engine] or engine in self.actors.retired or engine in self.unsure:
             return False
         name = self.actors.name(engine)
@@ -106,21 +108,31 @@ class Engines:
             if e == engine:
                 del self.loading[handle]
                 self.deadlines.pop(handle)
-        if len(self.actors.active()) <= self.fewest and self.actors.backend.unreachable(error):
+        if self.pushes_skip and len(self.actors.active()) <= self.fewest and self.actors.backend.unreachable(error):
             self.unsure[engine] = (error, time.monotonic())
             print(f"rollout actor {name} cannot be reached ({type(error).__name__}): replacing it once Ray declares "
-                  f"it dead (its node lost?), within {CONFIRM_S:g} s", flush=True)
+                  f"it dead (its node lost?), within cluster.recovery.verdict_timeout_s = "
+                  f"{self.recovery.verdict_timeout_s:g} s", flush=True)
         else:
             self._let_go_or_replace(engine, error)
         return True
 
-    def poll(self) -> None:
-        """Deal with the unreachable engines Ray has declared dead since, or that stayed unreachable `CONFIRM_S`:
-        let go if an engine joined meanwhile, else replaced."""
+    def poll(self) -> list[int]:
+        """Deal with the unreachable engines Ray has declared dead since, or that stayed unreachable
+        `recovery.verdict_timeout_s` (Ray is asked at most every `VERDICT_POLL_S`): let go if an engine joined
+        meanwhile, else replaced. Returns the engines let go."""
+        now = time.monotonic()
+        if not self.unsure or now - self._asked < VERDICT_POLL_S:
+            return []
+        self._asked = now
+        retired = []
         for engine, (error, since) in list(self.unsure.items()):
-            if time.monotonic() - since > CONFIRM_S or self.actors.declared_dead(engine):
+            if now - since > self.recovery.verdict_timeout_s or self.actors.declared_dead(engine):
                 del self.unsure[engine]
                 self._let_go_or_replace(engine, error)
+                if engine in self.actors.retired:
+                    retired.append(engine)
+        return retired
 
     def _let_go_or_replace(self, engine: int, error: BaseException) -> None:
         """Above `min_actors` let the dead `engine` go (its resources given back); at it, replace it."""

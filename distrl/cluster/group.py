@@ -135,6 +135,10 @@ class ActorGroup(ABC, Generic[W]):
 
 
 class RayGroup(ActorGroup[W]):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._pings: dict[int, tuple[Any, Any]] = {}  # index -> (the actor asked, the ping `declared_dead` reads)
+
     def call(self, index: int, method: Callable, *args: Any, **kwargs: Any) -> Any:
         # Top-level ObjectRef arguments are resolved by Ray before the call runs.
         return getattr(self.workers[index], method_name(method)).remote(*args, **kwargs)
@@ -173,16 +177,26 @@ class RayGroup(ActorGroup[W]):
                     gone.append(i)
         return gone
 
-    def declared_dead(self, index: int, timeout: float = 0.2) -> bool:
+    def declared_dead(self, index: int) -> bool:
         import ray
-        from ray.exceptions import ActorDiedError, GetTimeoutError
+        from ray.exceptions import ActorDiedError, RayActorError
 
-        # Dead: its ping fails with ActorDiedError. Still unreachable (ActorUnavailableError), busy, or back: not yet.
+        # One ping in flight per worker, looked at without waiting: it fails with ActorDiedError once Ray has declared
+        # the actor dead; unanswered, failing as unavailable, or answered (the worker is back): not dead.
+        worker = self.workers[index]
+        asked, ping = self._pings.get(index, (None, None))
+        if asked is not worker:  # never asked, or asked of an actor since replaced
+            ping = worker.__ray_ready__.remote()
+            self._pings[index] = (worker, ping)
+        ready, _ = ray.wait([ping], timeout=0)
+        if not ready:
+            return False
+        del self._pings[index]
         try:
-            ray.get(self.workers[index].__ray_ready__.remote(), timeout=timeout)
+            ray.get(ping)
         except ActorDiedError:
             return True
-        except (GetTimeoutError, ray.exceptions.ActorUnavailableError):
+        except RayActorError:
             return False
         return False
 

@@ -38,7 +38,7 @@ from typing import Any
 from distrl.cluster import rewards
 from distrl.cluster.batch_stats import BatchStats
 from distrl.cluster.deadlines import Deadlines
-from distrl.cluster.engines import Engines
+from distrl.cluster.engines import VERDICT_POLL_S, Engines
 from distrl.cluster.group import ActorGroup
 from distrl.config import DynamicSamplingConfig, RecoveryConfig, RewardConfig
 from distrl.data.stream import PromptStream
@@ -56,10 +56,6 @@ class _Chunk:
     scoring: list[Any] = field(default_factory=list)  # reward task handles, once generated
     left: set[Any] = field(default_factory=set)  # those not done yet
     rollouts: Any = None
-
-
-VERDICT_POLL_S = 1.0
-"""How often the producer asks whether Ray has declared an unreachable engine dead."""
 
 
 def default_chunk(prompts_per_step: int, actors: int, max_staleness: int, chunks_per_engine: int = 1) -> int:
@@ -80,14 +76,15 @@ class Producer:
     learners' current weights into actor i (and possibly, as over NCCL, into the others too) and returns a handle
     resolving to the version actor i then serves (None: engines cannot be replaced, as in hybrid actors,
     `unreplaceable` says why; a dead one ends the run, or its learner's recovery does). `engines`: the bounds of
-    the number of actors, (fewest, most); None: as many as `actors` has, always."""
+    the number of actors, (fewest, most); None: as many as `actors` has, always. `pushes_skip`: weight pushes can
+    leave an engine out (`WeightSync.skips_engines`)."""
 
     def __init__(self, actors: ActorGroup[RolloutWorker], stream: PromptStream, reward: RewardConfig, *,
                  prompts_per_step: int, max_staleness: int, chunk_prompts: int | None,
                  dynamic_sampling: DynamicSamplingConfig | None, load_weights: Callable[[int], Any] | None,
                  recovery: RecoveryConfig, call_timeout_s: float, version: int = 0, chunks_per_engine: int = 1,
                  unreplaceable: str = "engines cannot be replaced in this job",
-                 engines: tuple[int, int] | None = None):
+                 engines: tuple[int, int] | None = None, pushes_skip: bool = True):
         self.actors, self.backend, self.stream, self.reward = actors, actors.backend, stream, reward
         self.call_timeout_s = call_timeout_s
         self.batch, self.k, self.filter = prompts_per_step, max_staleness, dynamic_sampling
@@ -101,7 +98,7 @@ class Producer:
         self.deadlines = Deadlines(self.backend)
         fewest, most = engines or (len(actors), len(actors))
         self.engines = Engines(actors, load_weights=load_weights, unreplaceable=unreplaceable, recovery=recovery,
-                               deadlines=self.deadlines, fewest=fewest, most=most)
+                               deadlines=self.deadlines, fewest=fewest, most=most, pushes_skip=pushes_skip)
         self.slots = chunks_per_engine
         self.idle = [i for i in range(len(actors)) for _ in range(chunks_per_engine)]  # one entry per free slot
         self.stats = BatchStats()
@@ -154,9 +151,10 @@ class Producer:
             self.stats.redispatched_prompts += len(chunk.prompts)
             self.lost(chunk.actor, chunk.incarnation, err)
             return
-        if chunk.incarnation == self.actors.incarnations[chunk.actor] and chunk.actor not in self.actors.retired:
-            # Otherwise the actor that generated it was replaced (or let go) meanwhile (a push found it dead): a
-            # replacement becomes idle once it serves.
+        if (chunk.incarnation == self.actors.incarnations[chunk.actor] and chunk.actor not in self.actors.retired
+                and chunk.actor not in self.engines.unsure):
+            # Otherwise the actor that generated it was replaced, let go or found unreachable meanwhile (a push
+            # found it dead or cut off): a replacement becomes idle once it serves.
             self.idle.append(chunk.actor)
             if not any(c.actor == chunk.actor for c in self.in_flight.values()):
                 self._idle_since[chunk.actor] = time.perf_counter()
@@ -200,6 +198,11 @@ class Producer:
         for actor in self.engines.done(handle, self.version):
             self.idle += [actor] * self.slots
             self._idle_since.setdefault(actor, time.perf_counter())
+
+    def _poll_engines(self) -> None:
+        """Unreachable engines Ray has declared dead since are replaced or let go (`Engines.poll`)."""
+        for engine in self.engines.poll():
+            self._close_idle(engine)
 
     def _close_idle(self, actor: int) -> None:
         """`actor` is gone for good: its idle time so far counts, none after."""
@@ -253,11 +256,15 @@ class Producer:
                                "bound leaves no batch to generate")
         now = time.perf_counter()
         timeout = self.deadlines.until_first(waiting, now)
-        if self.engines.unsure:  # asked again every second
+        if self.engines.unsure:  # Ray is asked about them again within a second
             timeout = min(timeout if timeout is not None else VERDICT_POLL_S, VERDICT_POLL_S)
-        done, _ = self.backend.wait(waiting, timeout=timeout) if waiting else ([], [])
+        if waiting:
+            done, _ = self.backend.wait(waiting, timeout=timeout)
+        else:  # only an unreachable engine's verdict to wait for
+            done = []
+            time.sleep(VERDICT_POLL_S)
         self.deadlines.raise_if_late(waiting, done, now if done else time.perf_counter())
-        self.engines.poll()
+        self._poll_engines()
         for handle in done:
             self.deadlines.pop(handle)
             if handle in self.in_flight:

@@ -106,6 +106,9 @@ class WeightSync(ABC):
     """Whether a new engine can take a dead one's place (`push_one`)."""
     unreplaceable = ""
     """Why not, when it cannot."""
+    skips_engines = True
+    """Whether a push can leave engines out (`start`'s `skip`): one that cannot be reached may then wait for Ray's
+    verdict before it is replaced."""
 
     def push_one(self, index: int) -> Any:
         """Load learner 0's current weights into rollout actor `index` alone (a replacement); returns a handle that
@@ -187,6 +190,8 @@ class NcclSync(WeightSync):
     the same way, and one let go leaves the world, which forms again without it before the next broadcast. What
     cannot be recovered ends the run with an error saying so: an engine that dies while a broadcast waits for it
     (learner 0 would wait for ever, inside NCCL), or a second engine dead when the world forms again."""
+
+    skips_engines = False  # a broadcast needs every rank: an unreachable engine is replaced at once
 
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
                  bucket_bytes: int, timeout_s: float, verify: bool):

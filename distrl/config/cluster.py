@@ -130,6 +130,12 @@ class RecoveryConfig(Section):
     start_timeout_s: float = Field(default=900.0, gt=0.0)
     """A replacement that does not serve this many seconds after it was started ends the run, naming it: its
     placement bundle may have no node left to run on, or its engine hangs while starting."""
+    verdict_timeout_s: float = Field(default=90.0, gt=0.0)
+    """How long a rollout actor that Ray cannot reach (its node lost, or cut off) waits for Ray to declare it dead
+    before it is replaced anyway. Ray's GCS declares a node dead once its health checks fail: within about 15 s of
+    its raylet's end, up to about 65 s with Ray's default health checks when its packets are dropped. A replacement
+    started before the verdict would be placed on the lost node's bundle and die there too. Pushes leave the actor
+    out meanwhile (under the NCCL weight sync, whose broadcasts need every rank, it is replaced at once)."""
     max_recoveries: int = Field(default=2, ge=0)
     """Times the run may recover from its newest checkpoint when a learner or reference actor dies (every role is
     started again; the steps after the checkpoint are redone). Needs checkpoints (`run.checkpoint_every`);
