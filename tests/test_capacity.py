@@ -81,5 +81,17 @@ def test_roles_that_fit_apart_but_not_together_are_refused_with_the_sum():
                        "0.05), but the cluster has 3")
 
 
+def test_a_custom_resource_that_too_few_nodes_carry_is_counted_like_cpus():
+    """The docs' layout: one `learner_node` per training node, so at most one learner per node. Two learners on one
+    such node: each fits it, together they do not."""
+    node = Node({"pool": "train"}, {"CPU": 8.0, "learner_node": 1.0})
+    roles = {"learner": RoleResources(num_actors=2, num_cpus=1, resources={"learner_node": 1})}
+    found = problems([HEAD, node], roles)
+    assert found == ["cluster.learner: 2 actors x 1 learner_node = 2 learner_node, but the 1 node(s) that can hold "
+                     "a learner actor (CPU=1, learner_node=1) have 1 in all",
+                     "cluster: the roles reserve 2 learner_node in all (learner 2 x 1), but the cluster has 1"]
+    assert problems([HEAD, node, Node({"pool": "train"}, {"CPU": 8.0, "learner_node": 1.0})], roles) == []
+
+
 def test_no_nodes_are_described_as_none():
     assert describe([]) == "none alive"

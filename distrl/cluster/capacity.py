@@ -1,7 +1,8 @@
 """Whether a joined cluster can hold what the config asks, checked once connected and before any actor starts: for
-each role, nodes that carry its labels and resources and can hold one of its actors, and enough CPUs and GPUs on
-those nodes for all of them; and enough of each in the whole cluster for every role at once. A problem names the
-role, what its actors need and what the cluster's nodes have, instead of a placement group that waits for ever.
+each role, nodes that carry its labels and resources and can hold one of its actors, and enough of every resource
+its actors reserve (CPUs, GPUs, custom resources, the GPU model) on those nodes for all of them; and enough of each
+in the whole cluster for every role at once. A problem names the role, what its actors need and what the cluster's
+nodes have, instead of a placement group that waits for ever.
 
 These are the conditions any placement needs (each role alone, and all of them together); Ray's placement
 (`distrl.cluster.placement`) may still find the nodes too fragmented, and its timeout then names the roles that
@@ -77,19 +78,20 @@ def problems(nodes: list[Node], roles: Mapping[str, RoleResources], reward_cpus:
             found.append(f"cluster.{role}: no node can hold a {role} actor {where(r)}: {why}. The cluster's nodes: "
                          f"{describe(nodes)}")
             continue
-        for resource, per_actor in (("CPU", r.num_cpus), ("GPU", r.num_gpus)):
+        for resource, per_actor in bundle(r).items():
             have = sum(n.resources.get(resource, 0.0) for n in able)
             if per_actor * r.num_actors > have + 1e-9:
                 found.append(f"cluster.{role}: {r.num_actors} actors x {per_actor:g} {resource} = "
                              f"{per_actor * r.num_actors:g} {resource}, but the {len(able)} node(s) that can hold a "
                              f"{role} actor {where(r)} have {have:g} in all")
-    for resource, field in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
-        need = sum(r.num_actors * getattr(r, field) for r in roles.values()) + (reward_cpus if resource == "CPU"
-                                                                                  else 0.0)
+    bundles = {role: bundle(r) for role, r in roles.items()}
+    for resource in dict.fromkeys(k for b in bundles.values() for k in b):
+        need = sum(r.num_actors * bundles[role].get(resource, 0.0) for role, r in roles.items())
+        need += reward_cpus if resource == "CPU" else 0.0
         have = sum(n.resources.get(resource, 0.0) for n in nodes)
         if need > have + 1e-9:
-            parts = " + ".join(f"{role} {r.num_actors} x {getattr(r, field):g}" for role, r in roles.items()
-                               if getattr(r, field))
+            parts = " + ".join(f"{role} {r.num_actors} x {bundles[role][resource]:g}" for role, r in roles.items()
+                               if bundles[role].get(resource))
             found.append(f"cluster: the roles reserve {need:g} {resource} in all ({parts}"
                          + (f" + a reward task {reward_cpus:g}" if resource == "CPU" and reward_cpus else "")
                          + f"), but the cluster has {have:g}")
