@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from distrl.cluster.backend import ActorLost, Done, LocalBackend
+from distrl.cluster.backend import ActorLost, Done, LocalBackend, RayBackend
 from distrl.cluster.group import LocalGroup
 from distrl.cluster.producer import Producer
 from distrl.config import RecoveryConfig, RewardConfig, RoleResources
@@ -258,6 +258,13 @@ def test_an_unreachable_engine_is_let_go_if_an_engine_joined_before_ray_declared
     assert (p.engines.counts.retired, p.engines.counts.restarts, p.engines.counts.added) == (1, 0, 1)
 
 
+class RayErrors(LocalBackend):
+    """Reads errors as the Ray backend does, without starting a cluster."""
+
+    lost = RayBackend.lost
+    unreachable = RayBackend.unreachable
+
+
 class FakeActor:
     """A Ray actor handle as `RayGroup` reads it: its id."""
 
@@ -271,11 +278,7 @@ def test_a_call_to_an_engine_replaced_since_is_still_that_engines_loss():
     that the push took a result from (learner 0's), which ends the run."""
     from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-    from distrl.cluster.backend import RayBackend
     from distrl.cluster.group import RayGroup
-
-    class RayErrors(LocalBackend):  # reads errors as the Ray backend does, without starting a cluster
-        lost = RayBackend.lost
 
     ids = iter(["aa" * 16, "bb" * 16, "cc" * 16])
     group = RayGroup("rollout", RayErrors(), lambda i, incarnation: FakeActor(next(ids)), 1)
@@ -286,3 +289,15 @@ def test_a_call_to_an_engine_replaced_since_is_still_that_engines_loss():
     assert group.lost(0, old) and group.lost(0, current)
     assert not group.lost(0, other)  # another actor's death (a learner's), which the call took a result from
     assert group.lost(0, ActorDiedError())  # a death that names no actor is the callee's
+
+
+def test_a_chunk_result_lost_with_its_node_is_its_engines_loss_awaiting_rays_verdict():
+    """A chunk's result stored on a node that is then lost cannot be fetched (ObjectLostError): the engine that made
+    it is gone with its node, which Ray may not have declared dead yet."""
+    from ray.exceptions import ObjectLostError, RayTaskError
+
+    backend = RayErrors()
+    lost_result = ObjectLostError("ab" * 14, "", "")
+    assert backend.lost(lost_result) and backend.unreachable(lost_result)
+    raised = RayTaskError("generate", "Traceback ...", ValueError("a bad prompt"))
+    assert not backend.lost(raised) and not backend.unreachable(raised)

@@ -207,18 +207,20 @@ class RayBackend(Backend):
         return ray.wait(list(handles), num_returns=1, timeout=timeout)
 
     def lost(self, error: BaseException) -> bool:
-        from ray.exceptions import RayActorError
+        from ray.exceptions import ObjectLostError, RayActorError
 
-        # RayActorError: the actor died (ActorDiedError) or cannot be reached (ActorUnavailableError); an exception
-        # raised by the method itself arrives as RayTaskError instead.
-        return isinstance(error, RayActorError | ActorLost)
+        # RayActorError: the actor died (ActorDiedError) or cannot be reached (ActorUnavailableError); ObjectLostError:
+        # its result was stored on a node since lost (with it). An exception raised by the method itself arrives as
+        # RayTaskError instead.
+        return isinstance(error, RayActorError | ObjectLostError | ActorLost)
 
     def unreachable(self, error: BaseException) -> bool:
-        from ray.exceptions import ActorUnavailableError
+        from ray.exceptions import ActorUnavailableError, ObjectLostError
 
-        # Ray raises it at once when a call's actor cannot be reached (its raylet is gone, or the network); its GCS
-        # declares the node dead only once the node's health checks have failed (about 15 s with Ray's defaults).
-        return isinstance(error, ActorUnavailableError)
+        # Ray raises these at once when a call's actor cannot be reached (its raylet is gone, or the network), or its
+        # result was on a node that is gone; its GCS declares the node dead only once the node's health checks have
+        # failed (about 15 s with Ray's defaults).
+        return isinstance(error, ActorUnavailableError | ObjectLostError)
 
     def close(self) -> None:
         import ray
