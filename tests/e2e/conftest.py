@@ -58,8 +58,10 @@ def ray_session(ray_cluster):
 
 def cli_env() -> dict[str, str]:
     """Environment for subprocesses: this interpreter's bin first on PATH (distrl, ray), repo importable; without
-    the session cluster's token, as a user's shell would be."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
+    the session cluster's token and the switch its embedded start set (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER), as a
+    user's shell would be."""
+    session = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    env = {k: v for k, v in os.environ.items() if k not in session}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(ROOT)
     return env

@@ -1,9 +1,11 @@
 """Several Ray nodes on this one host, for real: each node its own raylet and object store (objects between nodes
 travel through Ray's object manager), started by Ray's own test helper (`ray.cluster_utils.Cluster`; three
 `ray start` processes on one host did not come up: ../shared/probes/ray-multinode-2026-11-27.md), every listener
-on 127.0.0.1 and token auth on (`distrl.cluster.backend.loopback_cluster`), a temporary directory of the session's
-own. A node is lost as a real one is: its raylet and every process under it killed at once, after which Ray's GCS
-declares it dead when its health checks fail (about 15 s); `Cluster.remove_node` would not be the same (the node
+on 127.0.0.1 and token auth on (`distrl.cluster.backend.loopback_cluster`), each node a temporary directory of its
+own, as each machine of a cluster has its own disk (Ray unpacks a job's working directory on every node when its
+driver connects, replacing what is there: in one shared directory that removed the driver's own working directory
+under it). A node is lost as a real one is: its raylet and every process under it killed at once, after which Ray's
+GCS declares it dead when its health checks fail (about 15 s); `Cluster.remove_node` would not be the same (the node
 stays listed alive, its actors answer).
 
 The session's nodes (`LAYOUT`): the head, an inference node and a training node, each labelled `pool: <name>`;
@@ -56,6 +58,7 @@ class Nodes:
     prometheus_port: int
     named: dict[str, Any] = field(default_factory=dict)
     added: list[Any] = field(default_factory=list)  # nodes tests added (`add`), beyond the session's three
+    node_dirs: list[str] = field(default_factory=list)  # the worker nodes' temporary directories, removed at the end
 
     @property
     def address(self) -> str:
@@ -77,7 +80,7 @@ class Nodes:
         prometheus_port = free_port()
         saved = os.environ.get("RAY_PROMETHEUS_HOST")
         os.environ["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{prometheus_port}"  # read when the dashboard starts
-        cluster = None
+        cluster = nodes = None
         try:
             with loopback_cluster() as token_file:
                 # Ray's own test helper starts the nodes without turning token auth on (ray.init does, ray start
@@ -106,13 +109,16 @@ class Nodes:
             if cluster is not None:
                 cluster.shutdown()
             Config.initialize("")  # back to the settings of the environment loopback_cluster restored
-            shutil.rmtree(temp_dir, ignore_errors=True)
+            for directory in [temp_dir, *(nodes.node_dirs if nodes is not None else [])]:
+                shutil.rmtree(directory, ignore_errors=True)
 
     def add(self, *, labels: dict[str, str], num_cpus: float = 1, resources: dict[str, float] | None = None) -> Any:
         """Start one more worker node with `labels`, `num_cpus` and custom `resources`; returns once it is alive.
         The test that adds it removes it when done (`remove_added`)."""
+        self.node_dirs.append(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
         node = self.cluster.add_node(num_cpus=num_cpus, labels=labels, resources=resources or {},
-                                     node_ip_address="127.0.0.1", object_store_memory=150 * 2**20)
+                                     node_ip_address="127.0.0.1", object_store_memory=150 * 2**20,
+                                     temp_dir=self.node_dirs[-1])
         self.added.append(node)
         return node
 
