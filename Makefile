@@ -30,8 +30,8 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	@# Byte-code for the ~35,000 installed modules, compiled on every core (pip compiles them one by one, ~1 min
 	@# here): every actor imports torch, transformers or vLLM, and where Python writes no byte-code of its own
 	@# (PYTHONDONTWRITEBYTECODE) they would compile them again at each start. A file that does not compile is left
-	@# as pip leaves it.
-	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+	@# as pip leaves it; old syntax some packages still hold (cellpylib: `is` with a literal) is theirs to warn about.
+	$(PY) -W ignore::SyntaxWarning -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
 	  > /dev/null || true
 	touch $(STAMP)
 
