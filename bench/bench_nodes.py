@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from tests.e2e.nodes import Nodes, Watch, joined  # noqa: E402 - the repository's own multi-node helper
 
 
-def push_round(nodes: Nodes, out: Path, model: Path, engine_pool: str) -> tuple[float, float]:
+def push_round(out: Path, model: Path, engine_pool: str) -> tuple[float, float]:
     from distrl import config
     from distrl.driver import train
 
@@ -95,7 +95,7 @@ def main() -> None:
             pushes: dict[str, list[tuple[float, float]]] = {"head": [], "inference": []}
             for r in range(args.rounds):
                 for pool, rounds in pushes.items():
-                    rounds.append(push_round(nodes, work / f"push-{pool}-{r}", model, pool))
+                    rounds.append(push_round(work / f"push-{pool}-{r}", model, pool))
         finally:
             ray.shutdown()
         if args.rounds:

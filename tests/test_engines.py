@@ -155,13 +155,14 @@ class Unreachable(LocalBackend):
 
 
 class Declared(LocalGroup):
-    """A group whose cluster declares a worker dead only once `verdicts` says so, one answer per question."""
+    """A group whose cluster gives its word on a worker as `verdicts` say (True dead, False answering again, None
+    no word yet), one answer per question."""
 
-    def __init__(self, *args, verdicts: list[bool], **kwargs):
+    def __init__(self, *args, verdicts: list[bool | None], **kwargs):
         super().__init__(*args, **kwargs)
         self.verdicts = verdicts
 
-    def declared_dead(self, index: int) -> bool:
+    def verdict(self, index: int) -> bool | None:
         return self.verdicts.pop(0)
 
 
@@ -177,7 +178,7 @@ def test_an_unreachable_engine_is_replaced_only_once_ray_declares_it_dead(ask_ev
     """At min_actors: no replacement is sent to the lost node's bundle while Ray has not declared the engine dead
     (it would die there too, a second death for one loss); pushes leave the engine out meanwhile."""
     loaded: list[int] = []
-    group = Declared("rollout", Unreachable(), lambda i, incarnation: Echo(), 1, verdicts=[False, False, True])
+    group = Declared("rollout", Unreachable(), lambda i, incarnation: Echo(), 1, verdicts=[None, None, True])
     p = producer(group, lambda i: loaded.append(i) or Done(0), fewest=1, most=1)
     p.lost(0, 0, ActorLost("cannot be reached"))
     assert p.starting() == {0} and group.incarnations == [0]  # waiting for the verdict
@@ -190,7 +191,7 @@ def test_an_unreachable_engine_is_replaced_only_once_ray_declares_it_dead(ask_ev
 
 
 def test_ray_is_asked_about_an_unreachable_engine_at_most_once_a_second():
-    group = Declared("rollout", Unreachable(), lambda i, incarnation: Echo(), 1, verdicts=[False])
+    group = Declared("rollout", Unreachable(), lambda i, incarnation: Echo(), 1, verdicts=[None])
     p = producer(group, lambda i: Done(0), fewest=1, most=1)
     p.lost(0, 0, ActorLost("cannot be reached"))
     for _ in range(100):
@@ -301,3 +302,49 @@ def test_a_chunk_result_lost_with_its_node_is_its_engines_loss_awaiting_rays_ver
     assert backend.lost(lost_result) and backend.unreachable(lost_result)
     raised = RayTaskError("generate", "Traceback ...", ValueError("a bad prompt"))
     assert not backend.lost(raised) and not backend.unreachable(raised)
+
+
+def test_an_engine_that_could_not_fetch_a_lost_learners_weights_is_not_lost_itself():
+    """An engine's weight load fetches learner 0's buckets itself; with that learner's node lost the fetch fails and
+    Ray raises the engine's task error as an instance of ObjectLostError too: the engine is alive, the learner is
+    not, and the engine must not be left out or replaced for it."""
+    from ray.exceptions import ObjectLostError, RayTaskError
+
+    backend = RayErrors()
+    cause = ObjectLostError("ab" * 14, "", "")
+    raised = RayTaskError("load_weights", "Traceback ...", cause).as_instanceof_cause()
+    assert isinstance(raised, ObjectLostError)  # as Ray hands it back
+    assert not backend.lost(raised) and not backend.unreachable(raised)
+
+
+def test_an_unreachable_engine_that_answers_again_is_replaced_at_once(ask_every_poll):
+    """It missed the pushes made while it was left out; its node is alive, so a replacement can start there now
+    rather than after the whole wait for a verdict that will not come."""
+    group = Declared("rollout", Unreachable(), lambda i, incarnation: Echo(), 1, verdicts=[None, False])
+    p = producer(group, lambda i: Done(0), fewest=1, most=1)
+    p.lost(0, 0, ActorLost("cannot be reached"))
+    p.engines.poll()
+    assert group.incarnations == [0] and p.engines.unsure
+    p.engines.poll()  # it answers
+    assert group.incarnations == [1] and not p.engines.unsure and p.engines.counts.restarts == 1
+
+
+class UnreachableUnlessDead(LocalBackend):
+    """Reads an engine's death as final and anything else as Ray's "cannot be reached"."""
+
+    def unreachable(self, error: BaseException) -> bool:
+        return not isinstance(error, ActorDied)
+
+
+class ActorDied(ActorLost):
+    """Stands for Ray's ActorDiedError: the actor is declared dead."""
+
+
+def test_a_death_reported_for_an_engine_awaiting_rays_word_is_that_word(ask_every_poll):
+    group = Declared("rollout", UnreachableUnlessDead(), lambda i, incarnation: Echo(), 1, verdicts=[])
+    p = producer(group, lambda i: Done(0), fewest=1, most=1)
+    assert p.engines.lost(0, 0, ActorLost("cannot be reached"))
+    assert p.engines.lost(0, 0, ActorLost("cannot be reached, again")) is False  # the same loss, reported twice
+    assert group.incarnations == [0] and p.engines.unsure
+    assert p.engines.lost(0, 0, ActorDied("declared dead"))  # a chunk's call failing with the verdict
+    assert group.incarnations == [1] and not p.engines.unsure and group.verdicts == []

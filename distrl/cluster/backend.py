@@ -207,20 +207,22 @@ class RayBackend(Backend):
         return ray.wait(list(handles), num_returns=1, timeout=timeout)
 
     def lost(self, error: BaseException) -> bool:
-        from ray.exceptions import ObjectLostError, RayActorError
+        from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
         # RayActorError: the actor died (ActorDiedError) or cannot be reached (ActorUnavailableError); ObjectLostError:
         # its result was stored on a node since lost (with it). An exception raised by the method itself arrives as
-        # RayTaskError instead.
-        return isinstance(error, RayActorError | ObjectLostError | ActorLost)
+        # RayTaskError, which Ray makes an instance of its cause's class too: an engine whose weight load could not
+        # fetch learner 0's buckets (that learner's node lost) raises a RayTaskError that is also an
+        # ObjectLostError, and is not the engine's loss.
+        return isinstance(error, RayActorError | ObjectLostError | ActorLost) and not isinstance(error, RayTaskError)
 
     def unreachable(self, error: BaseException) -> bool:
-        from ray.exceptions import ActorUnavailableError, ObjectLostError
+        from ray.exceptions import ActorUnavailableError, ObjectLostError, RayTaskError
 
         # Ray raises these at once when a call's actor cannot be reached (its raylet is gone, or the network), or its
         # result was on a node that is gone; its GCS declares the node dead only once the node's health checks have
-        # failed (about 15 s with Ray's defaults).
-        return isinstance(error, ActorUnavailableError | ObjectLostError)
+        # failed (about 15 s with Ray's defaults). Not when the method itself raised them (`lost`).
+        return isinstance(error, ActorUnavailableError | ObjectLostError) and not isinstance(error, RayTaskError)
 
     def close(self) -> None:
         import ray

@@ -41,7 +41,6 @@ class BatchStats:
                 "idle/rollout": self.rollout_idle}
 
 
-
 def staleness_metrics(versions: list[int], step: int) -> dict[str, float]:
     """Staleness u - v of each sample of `step` (u = step - 1): mean, max and the off-policy fraction (> 0)."""
     lags = [step - 1 - v for v in versions]

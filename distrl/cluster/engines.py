@@ -95,11 +95,18 @@ class Engines:
         """Engine `engine`, as it was at `incarnation`, is gone (`error`): let it go, or replace it, unless that was
         done already (a chunk and a weight push can both report the same death). Returns whether it was done now.
 
-        An engine Ray cannot reach (its node may be lost, not yet declared) is replaced once Ray declares it dead,
-        or after `recovery.verdict_timeout_s` (`poll`): a replacement sent to its placement bundle before then would
-        be sent to the lost node and die with it."""
-        if incarnation != self.actors.incarnations[engine] or engine in self.actors.retired or engine in self.unsure:
+        An engine Ray cannot reach (its node may be lost, not yet declared) at `min_actors`, where pushes may leave
+        it out, waits for Ray's word (`poll`): a replacement sent to its placement bundle before Ray declares it dead
+        would be sent to the lost node and die with it. Otherwise it is let go or replaced at once. A death reported
+        for an engine that waits (its actor declared dead) is that word."""
+        if incarnation != self.actors.incarnations[engine] or engine in self.actors.retired:
             return False
+        if engine in self.unsure:
+            if self.actors.backend.unreachable(error):
+                return False  # the same loss, reported again
+            del self.unsure[engine]
+            self._let_go_or_replace(engine, error)
+            return True
         name = self.actors.name(engine)
         if self.load_weights is None:
             raise RuntimeError(f"rollout actor {name} died, and it cannot be replaced alone: {self.unreplaceable}. "
@@ -118,20 +125,27 @@ class Engines:
         return True
 
     def poll(self) -> list[int]:
-        """Deal with the unreachable engines Ray has declared dead since, or that stayed unreachable
-        `recovery.verdict_timeout_s` (Ray is asked at most every `VERDICT_POLL_S`): let go if an engine joined
-        meanwhile, else replaced. Returns the engines let go."""
+        """Deal with the unreachable engines Ray has declared dead since, that answer again, or that stayed
+        unreachable `recovery.verdict_timeout_s` (Ray is asked at most every `VERDICT_POLL_S`): let go if an engine
+        joined meanwhile, else replaced. One that answers again is replaced too, at once, on its node, which is
+        alive: it missed the pushes made while it could not be reached. Returns the engines let go."""
         now = time.monotonic()
         if not self.unsure or now - self._asked < VERDICT_POLL_S:
             return []
         self._asked = now
         retired = []
         for engine, (error, since) in list(self.unsure.items()):
-            if now - since > self.recovery.verdict_timeout_s or self.actors.declared_dead(engine):
-                del self.unsure[engine]
-                self._let_go_or_replace(engine, error)
-                if engine in self.actors.retired:
-                    retired.append(engine)
+            timed_out = now - since > self.recovery.verdict_timeout_s
+            verdict = None if timed_out else self.actors.verdict(engine)
+            if verdict is None and not timed_out:
+                continue
+            if verdict is False:
+                print(f"rollout actor {self.actors.name(engine)} answers again, but missed the weight pushes made "
+                      f"while it could not be reached", flush=True)
+            del self.unsure[engine]
+            self._let_go_or_replace(engine, error)
+            if engine in self.actors.retired:
+                retired.append(engine)
         return retired
 
     def _let_go_or_replace(self, engine: int, error: BaseException) -> None:

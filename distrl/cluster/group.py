@@ -47,7 +47,6 @@ class ActorGroup(ABC, Generic[W]):
         self._make = make
         self.incarnations = [0] * size
         self.workers: list[Any] = [make(i, 0) for i in range(size)]
-        self.former: dict[int, list[Any]] = {}  # index -> the workers it held before its restarts, oldest first
         self.retired: set[int] = set()
 
     def __len__(self) -> int:
@@ -82,7 +81,6 @@ class ActorGroup(ABC, Generic[W]):
         """End worker `index` (if anything is left of it) and start a new one in its place, built as the first was.
         Returns at once; calls to the new worker wait until it is ready."""
         self._end(self.workers[index])
-        self.former.setdefault(index, []).append(self.workers[index])
         self.incarnations[index] += 1
         self.workers[index] = self._make(index, self.incarnations[index])
 
@@ -94,9 +92,10 @@ class ActorGroup(ABC, Generic[W]):
     def dead(self) -> list[int]:
         """The workers whose process is gone. A worker still busy with a call counts as alive."""
 
-    def declared_dead(self, index: int) -> bool:
-        """Whether the cluster has declared worker `index` dead (asked of one that could not be reached: its node
-        may be lost and not yet declared). A worker in this process that failed is gone."""
+    def verdict(self, index: int) -> bool | None:
+        """The cluster's word on worker `index`, asked after it could not be reached (its node may be lost and not
+        yet declared): True if declared dead, False if it answers again, None while neither. A worker in this
+        process that failed is gone."""
         return True
 
     def lost(self, index: int, error: BaseException) -> bool:
@@ -137,7 +136,17 @@ class ActorGroup(ABC, Generic[W]):
 class RayGroup(ActorGroup[W]):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._pings: dict[int, tuple[Any, Any]] = {}  # index -> (the actor asked, the ping `declared_dead` reads)
+        self._pings: dict[int, tuple[Any, Any]] = {}  # index -> (the actor asked, the ping `verdict` reads)
+        self._former_ids: dict[int, set[str]] = {}  # index -> the actor ids it held before its restarts
+
+    def restart(self, index: int) -> None:
+        self._former_ids.setdefault(index, set()).add(self.workers[index]._actor_id.hex())
+        self._pings.pop(index, None)
+        super().restart(index)
+
+    def retire(self, index: int) -> None:
+        self._pings.pop(index, None)
+        super().retire(index)
 
     def call(self, index: int, method: Callable, *args: Any, **kwargs: Any) -> Any:
         # Top-level ObjectRef arguments are resolved by Ray before the call runs.
@@ -177,12 +186,13 @@ class RayGroup(ActorGroup[W]):
                     gone.append(i)
         return gone
 
-    def declared_dead(self, index: int) -> bool:
+    def verdict(self, index: int) -> bool | None:
         import ray
         from ray.exceptions import ActorDiedError, RayActorError
 
         # One ping in flight per worker, looked at without waiting: it fails with ActorDiedError once Ray has declared
-        # the actor dead; unanswered, failing as unavailable, or answered (the worker is back): not dead.
+        # the actor dead, and is answered if the worker can be reached again; unanswered or failing as unavailable:
+        # no word yet.
         worker = self.workers[index]
         asked, ping = self._pings.get(index, (None, None))
         if asked is not worker:  # never asked, or asked of an actor since replaced
@@ -190,20 +200,19 @@ class RayGroup(ActorGroup[W]):
             self._pings[index] = (worker, ping)
         ready, _ = ray.wait([ping], timeout=0)
         if not ready:
-            return False
+            return None
         del self._pings[index]
         try:
             ray.get(ping)
         except ActorDiedError:
             return True
         except RayActorError:
-            return False
+            return None
         return False
 
     def _names(self, index: int, error: BaseException) -> bool:
         actor_id = getattr(error, "actor_id", None)
-        return actor_id is None or actor_id in {w._actor_id.hex() for w in [*self.former.get(index, ()),
-                                                                             self.workers[index]]}
+        return actor_id is None or actor_id in {self.workers[index]._actor_id.hex(), *self._former_ids.get(index, ())}
 
 
 class LocalGroup(ActorGroup[W]):

@@ -23,7 +23,8 @@ the producer starts; engines that join later take chunks of that size.
 
 Nothing is waited for without a bound: a generation chunk, a reward task or a call handed to `wait_for` that has
 not returned `call_timeout_s` after it was sent, or a replacement that does not serve within
-`recovery.start_timeout_s`, ends the run with an error naming it.
+`recovery.start_timeout_s`, ends the run with an error naming it; an engine that cannot be reached waits for Ray's
+word at most `recovery.verdict_timeout_s` before it is replaced.
 """
 
 from __future__ import annotations
@@ -211,8 +212,8 @@ class Producer:
             self._idle_time += time.perf_counter() - since
 
     def starting(self) -> set[int]:
-        """Actors loading their first weights: weight pushes leave them out (they load the weights when they are
-        ready)."""
+        """Actors loading their first weights, and unreachable ones awaiting Ray's word: weight pushes leave them out
+        (the new ones load the weights when they are ready; the others are replaced)."""
         return self.engines.starting()
 
     def _due(self, handle: Any, since: float, what: str) -> None:

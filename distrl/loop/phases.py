@@ -175,12 +175,13 @@ def start_update(job: Job, batch: TrainBatch) -> Updating:
     one's rows to the learners by their tokens, longest first (balanced)."""
     job.learner_clock.start()
     learners, mini_batches = len(job.roles.learner), job.cfg.mini_batches
-    learner = job.roles.learner.map_shards(Learner.update, batch.shard(learners, mini_batches))
+    rows = batch.shard_rows(learners, mini_batches)  # kept: the learners' per-row results come back in this order
+    learner = job.roles.learner.map_shards(Learner.update, batch.shard(learners, mini_batches, rows))
     critic = None
     if job.roles.critic is not None:
         parts = batch.shard(len(job.roles.critic), job.cfg.critic_mini_batches)
         critic = job.roles.critic.map_shards(Critic.update, parts)
-    return Updating(learner, batch.shard_rows(learners, mini_batches), critic)
+    return Updating(learner, rows, critic)
 
 
 def finish_update(job: Job, handles: Updating, batch: TrainBatch, step: int) -> dict[str, float]:

@@ -211,16 +211,16 @@ class TrainBatch:
         """Consecutive slices of at most `size` rows (micro-batches)."""
         return _chunk_rows(self, size)
 
-    def shard(self, n: int, mini_batches: int) -> list[TrainBatch]:
+    def shard(self, n: int, mini_batches: int, rows: list[torch.Tensor] | None = None) -> list[TrainBatch]:
         """n data-parallel shards of `mini_batches` mini-batches (the config's optimizer steps per pass): shard k
-        is the rows `shard_rows(n, mini_batches)[k]`, each labelled with its mini-batch (`mini_batch`), so every
-        learner takes the same optimizer steps, each on its part of the same global mini-batch, and M learners take
-        exactly the steps one learner would (the loss divides by counts all-reduced over the learners, so parts of
-        any size weigh their rows as one learner would)."""
+        is the rows `shard_rows(n, mini_batches)[k]` (`rows`, when the caller has them already), each labelled with
+        its mini-batch (`mini_batch`), so every learner takes the same optimizer steps, each on its part of the same
+        global mini-batch, and M learners take exactly the steps one learner would (the loss divides by counts
+        all-reduced over the learners, so parts of any size weigh their rows as one learner would)."""
         bounds = _mini_batch_bounds(self.batch_size, mini_batches, n)
         labels = torch.cat([torch.full((b - a,), j, dtype=torch.long) for j, (a, b) in enumerate(pairwise(bounds))])
         labelled = replace(self, mini_batch=labels)
-        return [labelled.select(rows) for rows in self.shard_rows(n, mini_batches)]
+        return [labelled.select(part) for part in (rows if rows is not None else self.shard_rows(n, mini_batches))]
 
     def shard_rows(self, n: int, mini_batches: int) -> list[torch.Tensor]:
         """The rows (indices into this batch, `[b_k]` long, ascending) of each of n data-parallel shards: the B rows

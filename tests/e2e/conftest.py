@@ -97,8 +97,6 @@ def outcome(metrics: Path) -> list[dict]:
             for line in metrics.read_text().splitlines()]
 
 
-
-
 def all_ended(procs, timeout: float) -> list[int]:
     """Wait until every process in `procs` has exited (a zombie has: only its parent's wait is missing); returns
     the pids still running after `timeout` seconds."""

@@ -89,25 +89,27 @@ class Nodes:
                 Config.initialize("")  # this process's Ray reads its settings once: again, with the mode
                 AuthenticationTokenLoader.instance().reset_cache()
                 token = os.environ.get("RAY_AUTH_TOKEN") or (token_file or _user_token()).read_text().strip()
-                head = LAYOUT["head"]
-                cluster = Cluster(initialize_head=True, head_node_args={
-                    **head, "labels": {"pool": "head"}, "node_ip_address": "127.0.0.1", "temp_dir": temp_dir,
-                    "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": free_port(),
-                    "object_store_memory": 300 * 2**20})
-                nodes = cls(cluster, token, temp_dir, prometheus_port)
-                nodes.named["head"] = cluster.head_node
-                for name, args in LAYOUT.items():
-                    if name != "head":
-                        nodes.named[name] = nodes.add(labels={"pool": name}, **args)
-                nodes.added.clear()  # the session's own nodes stay
-                yield nodes
+                try:  # stopped while the token and the environment it was started with are still there
+                    head = LAYOUT["head"]
+                    cluster = Cluster(initialize_head=True, head_node_args={
+                        **head, "labels": {"pool": "head"}, "node_ip_address": "127.0.0.1", "temp_dir": temp_dir,
+                        "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": free_port(),
+                        "object_store_memory": 300 * 2**20})
+                    nodes = cls(cluster, token, temp_dir, prometheus_port)
+                    nodes.named["head"] = cluster.head_node
+                    for name, args in LAYOUT.items():
+                        if name != "head":
+                            nodes.named[name] = nodes.add(labels={"pool": name}, **args)
+                    nodes.added.clear()  # the session's own nodes stay
+                    yield nodes
+                finally:
+                    if cluster is not None:
+                        cluster.shutdown()
         finally:
             if saved is None:
                 os.environ.pop("RAY_PROMETHEUS_HOST", None)
             else:
                 os.environ["RAY_PROMETHEUS_HOST"] = saved
-            if cluster is not None:
-                cluster.shutdown()
             Config.initialize("")  # back to the settings of the environment loopback_cluster restored
             for directory in [temp_dir, *(nodes.node_dirs if nodes is not None else [])]:
                 shutil.rmtree(directory, ignore_errors=True)
@@ -149,17 +151,6 @@ class Nodes:
                 p.process.wait(timeout=30)
         self.cluster.worker_nodes.discard(node)  # nothing left for the session's shutdown to stop
         return killed
-
-    def wait_dead(self, node: Any, timeout: float = 60.0) -> float:
-        """Wait until Ray's GCS lists `node` as dead; returns when it did (time.monotonic())."""
-        import ray
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()):
-                return time.monotonic()
-            time.sleep(0.25)
-        raise TimeoutError(f"node {node.node_id} still alive {timeout:g} s after it was lost")
 
 
 def _user_token() -> Path:

@@ -168,6 +168,7 @@ def test_roles_the_cluster_cannot_place_are_named_with_their_needs_and_the_nodes
     roles = {"rollout": RoleResources(num_cpus=0.75, labels={"pool": "inference"}),
              "reference": RoleResources(num_cpus=0.75, labels={"pool": "inference"})}
     assert problems(alive_nodes(), roles) == []
+
     def reserved() -> set[str]:
         return {g["name"] for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"}
 
