@@ -8,8 +8,9 @@
   the engine's last error. A replacement that does not serve within `recovery.start_timeout_s` ends the run naming
   the engine and where it may run (its placement may wait for a node that never comes back). An engine that Ray
   cannot reach (its node lost, which Ray declares only once the node's health checks have failed) is replaced once
-  Ray declares it dead, or after `recovery.verdict_timeout_s`: a replacement sent to its bundle before then would
-  be sent to the lost node and die with it, a second death for one loss. Where pushes cannot leave an engine out
+  Ray declares it dead, at once if it answers again (it missed pushes), or after `recovery.verdict_timeout_s`: a
+  replacement sent to its bundle before then would be sent to the lost node and die with it, a second death for
+  one loss. Where pushes cannot leave an engine out
   (the NCCL weight sync: a broadcast needs every rank), it is replaced at once.
 - **Fewer engines.** While more than `cluster.rollout.min_actors` engines serve, a dead one is let go instead
   (its resources given back) and the others take its prompts.
