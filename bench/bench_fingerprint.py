@@ -38,10 +38,11 @@ def main() -> None:
     import torch
 
     from distrl.config import from_dict
-    from distrl.workers.fingerprint import first_mismatch, of_tensors, served_fingerprint
-    from distrl.workers.model import DTYPES, load_causal_lm
-    from distrl.workers.rollout import RolloutWorker
+    from distrl.workers.model_files import DTYPES
+    from distrl.workers.rollout.worker import RolloutWorker
     from distrl.workers.tiny_model import make_tiny_model
+    from distrl.workers.training.model import load_causal_lm
+    from distrl.workers.weights.fingerprint import first_mismatch, of_tensors, served_fingerprint
 
     model_dir = make_tiny_model(tempfile.mkdtemp() + "/model", hidden_size=args.hidden, num_layers=args.layers)
     cfg = from_dict({"model": {"path": str(model_dir)}, "data": {"path": "unused"},

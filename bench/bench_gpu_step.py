@@ -19,7 +19,7 @@ and gather at the response positions, the policy-gradient loss -A log p summed o
 batch's response tokens, backward, gradient clipping at 1.0, fused AdamW. distrl is `Learner.update` (replicated,
 packed rows, the chunked head, weights cast once per forward, on-policy: old log-probs from the update's own
 forward). "syncs" is the number of synchronising CUDA calls of one step (`torch.cuda.set_sync_debug_mode`), and
-for distrl also its CPU count of host-waiting calls (`distrl.workers.host_syncs`).
+for distrl also its CPU count of host-waiting calls (`distrl.workers.training.host_syncs`).
 
 MFU counts model FLOPs (the recompute of gradient checkpointing excluded), forward plus backward = 3 x forward:
   - 6 * N * tokens, N the parameters of the decoder layers (embedding lookups are not matmuls);
@@ -239,9 +239,9 @@ def hand_row(setup: Setup, data, what: str) -> Row:
 
 def distrl_row(setup: Setup, data, what: str, kernel: str, budget: str | int | None) -> Row:
     from distrl.config import FSDPStrategy, LearnerConfig, LossConfig, ModelConfig, ReplicateStrategy
-    from distrl.workers import dist
-    from distrl.workers.host_syncs import HostSyncs
-    from distrl.workers.learner import Learner
+    from distrl.workers.training import dist
+    from distrl.workers.training.host_syncs import HostSyncs
+    from distrl.workers.training.learner import Learner
 
     strategy = FSDPStrategy(cpu_offload=setup.offload) if setup.fsdp else ReplicateStrategy()
     cfg = LearnerConfig(dtype="bfloat16", micro_batch_size=setup.micro, lr=1e-6, kernels=kernel,
@@ -265,7 +265,7 @@ def distrl_row(setup: Setup, data, what: str, kernel: str, budget: str | int | N
 
 def reference_row(setup: Setup, data, kernel: str) -> Row:
     from distrl.config import ModelConfig, ReferenceConfig
-    from distrl.workers.reference import ReferenceWorker
+    from distrl.workers.training.reference import ReferenceWorker
 
     reference = ReferenceWorker(ReferenceConfig(dtype="bfloat16", micro_batch_size=setup.micro, kernels=kernel),
                                 ModelConfig(path=setup.directory), temperature=1.0, num_gpus=1)

@@ -25,9 +25,9 @@ from bench_learner_step import mixed_batch
 
 import distrl
 from distrl.config import LearnerConfig, LossConfig, ModelConfig, ReferenceConfig
-from distrl.workers.learner import Learner
-from distrl.workers.reference import ReferenceWorker
 from distrl.workers.tiny_model import make_tiny_model
+from distrl.workers.training.learner import Learner
+from distrl.workers.training.reference import ReferenceWorker
 
 
 def main() -> None:

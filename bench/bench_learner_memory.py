@@ -1,4 +1,5 @@
-"""Memory per learner process under `replicate` and `fsdp` (`distrl.workers.sharding`) with 1, 2 and 4 learners.
+"""Memory per learner process under `replicate` and `fsdp` (`distrl.workers.training.sharding`) with 1, 2 and 4
+learners.
 
 A random ~100M-parameter Llama (hidden 768, 12 layers, MLP 2048, vocab 8192: 97.5M parameters) is written once
 as HF safetensors; each configuration then runs in fresh processes (a gloo group on 127.0.0.1, one thread each):
@@ -78,7 +79,7 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int
 
 
 def step(model, optimizer, ids: torch.Tensor, micro_batches: int, strategy: str, sync: str) -> None:
-    from distrl.workers import dist, sharding
+    from distrl.workers.training import dist, sharding
 
     for i in range(micro_batches):
         if strategy == "fsdp" and sync == "last":
@@ -96,7 +97,7 @@ def worker(rank: int, world: int, port: int, model_dir: Path, strategy: str, syn
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM
 
-    from distrl.workers import dist, sharding
+    from distrl.workers.training import dist, sharding
 
     dist.init_process_group("127.0.0.1", port, rank, world, "cpu")
     baseline = status_mb("VmRSS")

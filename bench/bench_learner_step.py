@@ -30,11 +30,11 @@ import torch
 
 from distrl.config import LearnerConfig, LossConfig, ModelConfig, ReferenceConfig
 from distrl.types.batches import Sequences, TrainBatch
-from distrl.workers import learner as learner_module
-from distrl.workers import model as model_module
-from distrl.workers.learner import Learner
-from distrl.workers.reference import ReferenceWorker
 from distrl.workers.tiny_model import make_tiny_model
+from distrl.workers.training import learner as learner_module
+from distrl.workers.training import model as model_module
+from distrl.workers.training.learner import Learner
+from distrl.workers.training.reference import ReferenceWorker
 
 
 def mixed_batch(b: int, prompt: tuple[int, int], response: tuple[int, int], vocab: int, seed: int,

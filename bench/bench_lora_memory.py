@@ -2,7 +2,7 @@
 
 A random ~100M-parameter Llama (hidden 768, 12 layers, MLP 2048, vocab 8192: 97.5M parameters, as in
 bench_learner_memory.py) is written once as HF safetensors. Each configuration then runs in a fresh process: a
-`distrl.workers.learner.Learner` (local, no Ray, one thread) is built from it and takes two PPO updates of one
+`distrl.workers.training.learner.Learner` (local, no Ray, one thread) is built from it and takes two PPO updates of one
 optimizer step on `--rows` sequences of `--tokens` tokens. Per configuration:
 
   trainable M   parameters that train (all of them, or the adapters)
@@ -42,7 +42,7 @@ def one(model_dir: str, rank: int, dtype: str, rows: int, tokens: int) -> dict:
     """Run one configuration in this process (rank 0: full fine-tuning); returns its figures."""
     from distrl.config import LearnerConfig, LossConfig, ModelConfig
     from distrl.types.batches import Sequences, TrainBatch
-    from distrl.workers.learner import Learner
+    from distrl.workers.training.learner import Learner
 
     torch.set_num_threads(1)
     base = status_mb("VmRSS")

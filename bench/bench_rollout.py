@@ -14,7 +14,7 @@ import time
 
 from distrl.config import ModelConfig, RolloutConfig, SamplingConfig
 from distrl.types.prompt import Prompt
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.rollout.worker import RolloutWorker
 from distrl.workers.tiny_model import make_tiny_model
 
 

@@ -125,8 +125,8 @@ def begin(directory: str | Path) -> Path:
 
 def write_trainer(directory: str | Path, model, trainer_state: dict, model_dir: str = "model") -> FileList:
     """One trained model's part of a checkpoint, in `directory` (e.g. TMP/policy): `model` saved with its
-    `save_pretrained` under `model_dir` (HF format under model/, e.g. `distrl.workers.hf_export.HFCopy`'s; a peft
-    model's adapters in PEFT's format under adapter/; None: no HF copy), and `trainer_state` (`save_state`). Every
+    `save_pretrained` under `model_dir` (HF format under model/, e.g. `distrl.workers.weights.hf_export.HFCopy`'s; a
+    peft model's adapters in PEFT's format under adapter/; None: no HF copy), and `trainer_state` (`save_state`). Every
     file is flushed to disk before this returns, on the writer's node; returns them (`describe`). The model's folder
     is this writer's alone, so it is listed to find what was written there."""
     path = Path(directory)

@@ -38,8 +38,8 @@ from distrl.loop.sync import train_sync
 from distrl.metrics import PhaseTimer
 from distrl.run_dir import RunDir
 from distrl.stop import StopOnSignal, Stopped
-from distrl.workers.model import load_tokenizer
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.model_files import load_tokenizer
+from distrl.workers.rollout.worker import RolloutWorker
 
 
 def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:

@@ -55,9 +55,9 @@ def evaluate(cfg: Config, version: int, output: Path) -> dict[str, float]:
     import torch
 
     from distrl.cluster.roles import sampling_seed
-    from distrl.workers.model import load_tokenizer
+    from distrl.workers.model_files import load_tokenizer
     from distrl.workers.rewards import score_batch
-    from distrl.workers.rollout import RolloutWorker
+    from distrl.workers.rollout.worker import RolloutWorker
 
     if cfg.eval is None:
         raise EvalError("the config has no eval section: name the held-out sets in eval.sets")

@@ -25,8 +25,8 @@ def export(cfg: Config, checkpoint_dir: str, output: str, merge: bool, dtype: st
     import torch
     from transformers import AutoModelForCausalLM
 
-    from distrl.workers.lora import ADAPTER_DIR
-    from distrl.workers.model import DTYPES, load_tokenizer, resolve_model_path
+    from distrl.workers.model_files import DTYPES, load_tokenizer, resolve_model_path
+    from distrl.workers.training.lora import ADAPTER_DIR
 
     policy = Path(checkpoint_dir) / "policy"
     adapter, full = policy / ADAPTER_DIR, policy / "model"

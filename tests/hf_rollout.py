@@ -1,5 +1,5 @@
 """A small hand-written rollout worker for unit tests of the loop: samples from the HF model with plain torch, in
-the driver's process, with the same interface as `distrl.workers.rollout.RolloutWorker` (no vLLM).
+the driver's process, with the same interface as `distrl.workers.rollout.worker.RolloutWorker` (no vLLM).
 
 Log-probs are those of the distribution sampled from (temperature applied), like vLLM's processed log-probs, and
 in float32 with the learner's own forward pass, so with the same weights they equal the learner's. Each prompt is
@@ -22,10 +22,11 @@ from distrl.agents.trajectory import Budget, Sampled
 from distrl.config import EnvConfig, LoraConfig, ModelConfig, RolloutConfig
 from distrl.types.prompt import Prompt
 from distrl.types.rollouts import Episode, Rollouts
-from distrl.workers import lora as adapters
-from distrl.workers.fingerprint import Fingerprint, check, of_tensors
-from distrl.workers.model import DTYPES, load_causal_lm, load_tokenizer
-from distrl.workers.sampling import eval_sampling, request_seed
+from distrl.workers.model_files import DTYPES, load_tokenizer
+from distrl.workers.rollout.sampling import eval_sampling, request_seed
+from distrl.workers.training import lora as adapters
+from distrl.workers.training.model import load_causal_lm
+from distrl.workers.weights.fingerprint import Fingerprint, check, of_tensors
 
 
 class HFRolloutWorker:

@@ -1,4 +1,4 @@
-"""A checkpoint's HF copy is written in the rollout dtype with its tokenizer (`distrl.workers.hf_export`), while
+"""A checkpoint's HF copy is written in the rollout dtype with its tokenizer (`distrl.workers.weights.hf_export`), while
 resume stays exact from the float32 weights of the trainer's state; and the manifest is built from the files each
 writer reports, with digests computed where they were written: the driver hashes only its own driver_state.json
 and lists no directory."""

@@ -12,8 +12,8 @@ from distrl import checkpoint
 from distrl.config import CriticConfig, ModelConfig
 from distrl.merging import values
 from distrl.types.batches import TrainBatch
-from distrl.workers.critic import Critic
-from distrl.workers.model import load_causal_lm
+from distrl.workers.training.critic import Critic
+from distrl.workers.training.model import load_causal_lm
 
 
 def make_critic(model_dir, seed: int = 0, **cfg) -> Critic:

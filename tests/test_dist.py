@@ -1,4 +1,4 @@
-"""The learners' process group (`distrl.workers.dist`) in this process, a group of one: where it listens."""
+"""The learners' process group (`distrl.workers.training.dist`) in this process, a group of one: where it listens."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from datetime import timedelta
 
 import psutil
 
-from distrl.workers.dist import free_port, gloo_bound_to, init_process_group, interface_towards, leave_process_group
+from distrl.workers.training.dist import (
+    free_port,
+    gloo_bound_to,
+    init_process_group,
+    interface_towards,
+    leave_process_group,
+)
 
 
 def listening() -> set[tuple[str, int]]:
@@ -85,7 +91,7 @@ def test_on_the_gpu_the_device_is_set_and_named_before_the_nccl_group_forms(monk
     variable is left alone."""
     import torch.distributed
 
-    from distrl.workers import dist as workers_dist
+    from distrl.workers.training import dist as workers_dist
 
     order: list[str] = []
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)

@@ -12,8 +12,8 @@ from distrl import config
 from distrl.cluster.backend import ActorLost
 from distrl.cluster.producer import default_chunk
 from distrl.driver import train
-from distrl.workers.fingerprint import WeightMismatch
 from distrl.workers.rewards import RewardError
+from distrl.workers.weights.fingerprint import WeightMismatch
 from tests.dying_rollout import dying
 from tests.hf_rollout import HFRolloutWorker
 
@@ -177,7 +177,7 @@ def test_a_rollout_actor_that_keeps_dying_ends_the_run_naming_it(tmp_path, tiny_
 @pytest.fixture
 def learner_dies_in_update(monkeypatch):
     """The learner "dies" (raises ActorLost, as Ray reports a dead actor) in its `n`-th update of the test."""
-    from distrl.workers.learner import Learner
+    from distrl.workers.training.learner import Learner
 
     real, calls = Learner.update, []
 

@@ -1,9 +1,9 @@
-"""`distrl.workers.export`: what the engines are sent, in which buckets, in which dtype."""
+"""`distrl.workers.weights.export`: what the engines are sent, in which buckets, in which dtype."""
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from distrl.workers import export
+from distrl.workers.weights import export
 
 
 def tied_qwen2() -> torch.nn.Module:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from distrl.workers.fingerprint import SAMPLE_COLUMNS, columns, first_mismatch, of_sample, of_tensors, sample
+from distrl.workers.weights.fingerprint import SAMPLE_COLUMNS, columns, first_mismatch, of_sample, of_tensors, sample
 
 
 def splitmix64_top16(i: int) -> int:

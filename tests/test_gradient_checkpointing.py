@@ -16,7 +16,7 @@ from test_learner import batch, make_learner
 from test_learner_fsdp import assert_same_training, scenario, single_learner_run
 from test_sharding import _spawn
 
-from distrl.workers.trainer import Counts
+from distrl.workers.training.trainer import Counts
 
 
 def loss_and_gradients(model_dir: Path, checkpointing: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:

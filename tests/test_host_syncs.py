@@ -1,5 +1,5 @@
 """The host waits for the device a fixed, small number of times per optimizer step, whatever the micro-batches: the
-calls that would make a GPU's host wait (`distrl.workers.host_syncs`), counted on the CPU in one update of four
+calls that would make a GPU's host wait (`distrl.workers.training.host_syncs`), counted on the CPU in one update of four
 micro-batches, in the reference's and the learner's scoring and in the critic's update. Before the learner moved its
 layouts to the host, one update of four micro-batches made 83 such calls (54 reads of device values and 29 blocking
 copies); the issue asks for at most 10."""
@@ -15,10 +15,10 @@ from test_learner import batch
 from test_sharding import _spawn
 
 from distrl.config import CriticConfig, FSDPStrategy, LearnerConfig, LossConfig, ModelConfig, ReferenceConfig
-from distrl.workers.critic import Critic
-from distrl.workers.host_syncs import HostSyncs
-from distrl.workers.learner import Learner
-from distrl.workers.reference import ReferenceWorker
+from distrl.workers.training.critic import Critic
+from distrl.workers.training.host_syncs import HostSyncs
+from distrl.workers.training.learner import Learner
+from distrl.workers.training.reference import ReferenceWorker
 
 PER_STEP = 10
 """The issue's bound on host waits in one optimizer step of four micro-batches."""

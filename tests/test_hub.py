@@ -13,7 +13,8 @@ from test_sharding import _spawn
 
 from distrl.config import FSDPStrategy, ModelConfig
 from distrl.hub import HubError, is_hub_name, local_dir, offline
-from distrl.workers.model import load_causal_lm, load_tokenizer, resolve_model_path, tokenizer_path
+from distrl.workers.model_files import load_tokenizer, resolve_model_path, tokenizer_path
+from distrl.workers.training.model import load_causal_lm
 from tests.hub_cache import cache_gsm8k_like, cache_model, cache_repo
 
 NAME = "distrl-tests/tiny-llama"

@@ -15,11 +15,11 @@ from distrl.cluster.group import LocalGroup
 from distrl.cluster.hybrid import RoleView
 from distrl.cluster.roles import role_threads
 from distrl.workers import hybrid
-from distrl.workers.engine_loop import EngineLoop
 from distrl.workers.hybrid import ACTOR_THREAD, ENGINE_THREAD, DeviceTurns, ThreadTurns
-from distrl.workers.learner import Learner
-from distrl.workers.reference import ReferenceWorker
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.rollout.engine_loop import EngineLoop
+from distrl.workers.rollout.worker import RolloutWorker
+from distrl.workers.training.learner import Learner
+from distrl.workers.training.reference import ReferenceWorker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -318,7 +318,7 @@ def test_a_hybrid_push_that_loads_other_weights_fails_its_check(tmp_path, tiny_m
     """The in-memory push is checked like any other: an engine that loads weights other than its learner's (here
     one tensor scaled on the way, from the second push on) ends the run with the check's error."""
     from distrl.driver import train
-    from distrl.workers.fingerprint import WeightMismatch
+    from distrl.workers.weights.fingerprint import WeightMismatch
 
     buckets = hybrid.HybridWorker._buckets
 

@@ -1,7 +1,7 @@
-"""The preflight's check of `kernels: liger` (`distrl.workers.kernel_support`), on the CPU without liger-kernel: a
-liger-kernel stand-in (a package whose monkey_patch.py holds liger's table of model types, as liger-kernel 0.8.5
-does) on sys.path, or none at all. A `liger` the config asked for is refused with the reason; one that came from the
-GPU default falls back to `plain` with a note."""
+"""The preflight's check of `kernels: liger` (`distrl.workers.training.kernel_support`), on the CPU without
+liger-kernel: a liger-kernel stand-in (a package whose monkey_patch.py holds liger's table of model types, as
+liger-kernel 0.8.5 does) on sys.path, or none at all. A `liger` the config asked for is refused with the reason; one
+that came from the GPU default falls back to `plain` with a note."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import importlib
 import pytest
 
 from distrl import config
-from distrl.workers import kernel_support
-from distrl.workers.kernel_support import check_liger, liger_model_types, liger_problem
+from distrl.workers.training import kernel_support
+from distrl.workers.training.kernel_support import check_liger, liger_model_types, liger_problem
 
 GPU_LEARNER = {"model": {"path": "m"}, "data": {"path": "d.jsonl"}, "cluster": {"learner": {"num_gpus": 1}}}
 

@@ -1,5 +1,5 @@
-"""`learner.kernels` on the CPU (`distrl.workers.kernels`): `plain` leaves the model as it is, fused kernels are
-refused on the CPU naming the field, a missing liger-kernel names the extra to install, the decoder layers (the
+"""`learner.kernels` on the CPU (`distrl.workers.training.kernels`): `plain` leaves the model as it is, fused kernels
+are refused on the CPU naming the field, a missing liger-kernel names the extra to install, the decoder layers (the
 units that are compiled and cast) are found, and a kernel library's patch of transformers' modules is confined to
 the model it was applied to (with a fake of liger's patch: liger needs Triton). The kernels themselves run in the
 GPU smoke suite (tests/gpu/test_gpu_kernels.py)."""
@@ -14,8 +14,8 @@ import torch
 from test_learner import batch
 
 from distrl.config import ModelConfig
-from distrl.workers.kernels import apply_kernels, confined, decoder_layers
-from distrl.workers.model import load_causal_lm, response_logprobs
+from distrl.workers.training.kernels import apply_kernels, confined, decoder_layers
+from distrl.workers.training.model import load_causal_lm, response_logprobs
 
 
 def test_plain_is_the_model_itself_and_fused_kernels_need_a_gpu(tiny_model_dir):

@@ -13,7 +13,7 @@ from distrl import checkpoint
 from distrl.config import LearnerConfig, LossConfig, ModelConfig, RatioCorrection
 from distrl.merging import values
 from distrl.types.batches import Sequences, TrainBatch
-from distrl.workers.learner import Learner, NonFiniteError
+from distrl.workers.training.learner import Learner, NonFiniteError
 
 
 def make_learner(model_dir, loss: LossConfig | None = None, **learner) -> Learner:

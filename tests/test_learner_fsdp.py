@@ -217,7 +217,7 @@ def exit_scenario(role: str, model_dir: str, port: int) -> None:
 @pytest.mark.parametrize("role", ["learner", "critic"])
 def test_a_sharded_worker_leaves_its_group_before_the_interpreter_finalizes(role, tiny_model_dir):
     """A gloo worker thread that frees a collective's tensors during finalization aborts the process (see
-    `distrl.workers.dist.leave_process_group`); the learner's exit handler ends those threads first."""
+    `distrl.workers.training.dist.leave_process_group`); the learner's exit handler ends those threads first."""
     import subprocess
     import sys
 

@@ -14,9 +14,10 @@ import torch
 
 from distrl import checkpoint
 from distrl.config import LearnerConfig, LoraConfig, LossConfig, ModelConfig, from_dict
-from distrl.workers import fingerprint, lora
-from distrl.workers.learner import Learner
-from distrl.workers.model import load_causal_lm, response_logprobs
+from distrl.workers.training import lora
+from distrl.workers.training.learner import Learner
+from distrl.workers.training.model import load_causal_lm, response_logprobs
+from distrl.workers.weights import fingerprint
 from tests.test_learner import batch, save, scored, update
 
 LORA = {"rank": 8, "alpha": 32.0, "target_modules": ["q_proj", "v_proj", "o_proj", "down_proj"]}
@@ -137,7 +138,7 @@ def test_only_the_adapters_train_and_the_reference_is_the_base_model(tiny_model_
     after = learner.logprobs(data.sequences)
     assert (after - before).abs().max() > 1e-3  # the policy moved
     assert all(torch.equal(p, frozen[n]) for n, p in learner.model.named_parameters() if not p.requires_grad)
-    from distrl.workers.model import score_in_micro_batches
+    from distrl.workers.training.model import score_in_micro_batches
 
     expected = score_in_micro_batches(base, data.sequences, 1.0, 8)
     assert torch.allclose(learner.ref_logprobs(data.sequences), expected, atol=1e-6)
@@ -178,7 +179,7 @@ def test_a_checkpoint_holds_the_adapters_in_peft_format_and_resumes_exactly(tiny
     from peft import PeftModel
 
     reread = PeftModel.from_pretrained(load_causal_lm(ModelConfig(path=str(tiny_model_dir)), "float32"), adapter)
-    from distrl.workers.model import score_in_micro_batches
+    from distrl.workers.training.model import score_in_micro_batches
 
     assert torch.allclose(score_in_micro_batches(reread, data.sequences, 1.0, 8),
                           learner.logprobs(data.sequences), atol=1e-6)
@@ -213,7 +214,7 @@ def test_export_merge_writes_an_hf_model_that_scores_as_the_adapted_policy(tiny_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from distrl.cli import main
-    from distrl.workers.model import score_in_micro_batches
+    from distrl.workers.training.model import score_in_micro_batches
 
     learner = make_lora_learner(tiny_model_dir)
     data = batch()

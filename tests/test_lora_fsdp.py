@@ -16,7 +16,7 @@ from test_sharding import _spawn
 from distrl import checkpoint
 from distrl.config import FSDPStrategy
 from distrl.merging import values
-from distrl.workers import lora
+from distrl.workers.training import lora
 
 UPDATES = 2
 

@@ -1,5 +1,5 @@
-"""Mixed precision by casting once per forward pass (`distrl.workers.mixed_precision`), on the CPU in bfloat16: the
-pass equals a bfloat16 copy of the model's, every weight is cast once (the tied embedding and head once for both),
+"""Mixed precision by casting once per forward pass (`distrl.workers.training.mixed_precision`), on the CPU in bfloat16:
+the pass equals a bfloat16 copy of the model's, every weight is cast once (the tied embedding and head once for both),
 gradients reach the float32 masters as the copy's gradients, the masters stay float32 parameters, and gradient
 checkpointing (which recomputes layers) gives the same gradients."""
 
@@ -11,8 +11,8 @@ import torch
 from test_packing import BATCH, ragged
 
 from distrl.config import ModelConfig
-from distrl.workers.mixed_precision import CastOncePerForward
-from distrl.workers.model import load_causal_lm, response_logprobs
+from distrl.workers.training.mixed_precision import CastOncePerForward
+from distrl.workers.training.model import load_causal_lm, response_logprobs
 
 
 def loss_and_grads(model, seqs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -1,5 +1,5 @@
-"""`distrl.workers.optim`: where AdamW runs fused (`fused_on`): on CUDA, every trained parameter there in a floating
-dtype; on the CPU, or with parameters offloaded to the CPU (FSDP's cpu_offload), torch's default. The fused
+"""`distrl.workers.training.optim`: where AdamW runs fused (`fused_on`): on CUDA, every trained parameter there in a
+floating dtype; on the CPU, or with parameters offloaded to the CPU (FSDP's cpu_offload), torch's default. The fused
 optimizer itself is checked on a GPU (tests/gpu/test_gpu_workers.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from distrl.config import LearnerConfig
-from distrl.workers.optim import build_optimizer, fused_on
+from distrl.workers.training.optim import build_optimizer, fused_on
 
 
 def param(device: str, floating: bool = True):

@@ -11,8 +11,8 @@ import itertools
 import pytest
 import torch
 
-from distrl.workers import packed_attention
-from distrl.workers.packed_attention import Pack, attention_path, looped_packed, varlen_packed
+from distrl.workers.training import packed_attention
+from distrl.workers.training.packed_attention import Pack, attention_path, looped_packed, varlen_packed
 
 
 def test_the_pack_gives_flash_attentions_cumulative_starts_over_the_flattened_rows():

@@ -1,5 +1,5 @@
-"""The packed forward pass (`distrl.workers.model.response_logprobs`, one row of real tokens, attention kept within
-each sequence by `PACKED_ATTENTION`) equals the padded one to float32 tolerance, in log-probs, entropies and
+"""The packed forward pass (`distrl.workers.training.model.response_logprobs`, one row of real tokens, attention kept
+within each sequence by `PACKED_ATTENTION`) equals the padded one to float32 tolerance, in log-probs, entropies and
 gradients, for the tiny Llama and a tiny Qwen2 (tied embeddings, QKV bias, grouped-query attention); scoring by a
 token budget gives the rows back in order."""
 
@@ -10,8 +10,13 @@ import torch
 
 from distrl.micro_batches import micro_batches
 from distrl.types.batches import Sequences
-from distrl.workers.model import padded_response_logprobs, response_logprobs, score_in_micro_batches, score_rows
-from distrl.workers.packed_attention import PACKED_ATTENTION, sequence_bounds
+from distrl.workers.training.model import (
+    padded_response_logprobs,
+    response_logprobs,
+    score_in_micro_batches,
+    score_rows,
+)
+from distrl.workers.training.packed_attention import PACKED_ATTENTION, sequence_bounds
 
 
 def tiny_qwen2():
@@ -131,8 +136,8 @@ def test_scoring_by_a_token_budget_keeps_row_order(model, max_tokens):
 
 
 def test_the_pack_is_one_row_of_the_real_tokens():
-    from distrl.workers.packed_attention import Pack
-    from distrl.workers.packing import host_layout
+    from distrl.workers.training.packed_attention import Pack
+    from distrl.workers.training.packing import host_layout
 
     # Real lengths 14 5 19 5 7 (prompt + response of BATCH), side by side in batch order: 50 tokens, no filler.
     seqs = ragged(*BATCH)
@@ -187,7 +192,7 @@ def test_packed_values_equal_padded(tiny_model_dir):
     of each row (positions counted from its first real token), on every real response token; 0 on padding."""
     from transformers import AutoModelForTokenClassification
 
-    from distrl.workers.critic import response_values
+    from distrl.workers.training.critic import response_values
 
     torch.manual_seed(0)
     model = AutoModelForTokenClassification.from_pretrained(tiny_model_dir, num_labels=1, dtype=torch.float32,
@@ -207,7 +212,7 @@ def test_packed_values_equal_padded(tiny_model_dir):
 
 def test_a_sequence_longer_than_a_sliding_window_is_refused():
     """Sliding-window layers see the same as causal ones within the window; beyond it the pack would be wrong."""
-    from distrl.workers.packed_attention import packed_attention
+    from distrl.workers.training.packed_attention import packed_attention
 
     module = torch.nn.Module()
     q = k = v = torch.randn(1, 2, 7, 4)
@@ -222,9 +227,9 @@ def test_the_sequences_of_a_pack_come_from_the_host(tiny_model_dir, monkeypatch)
     """The layout made on the host tells the attention where the sequences are: they are never searched for in the
     device's positions (which waits for a GPU), in any layer; a caller that gives only positions has them found
     once per forward pass."""
-    from distrl.workers import packed_attention
-    from distrl.workers.model import packed_inputs
-    from distrl.workers.packing import host_layout
+    from distrl.workers.training import packed_attention
+    from distrl.workers.training.model import packed_inputs
+    from distrl.workers.training.packing import host_layout
 
     found = []
     real = packed_attention.sequence_bounds

@@ -20,7 +20,7 @@ from distrl.run_dir import RunDir
 from distrl.types.prompt import Prompt
 from distrl.types.rollouts import Episode, ScoredRollouts
 from distrl.workers.device import granted_device
-from distrl.workers.sampling import request_seed
+from distrl.workers.rollout.sampling import request_seed
 from tests.one_turn import one_turn
 from tests.test_checkpoint import saved
 

@@ -1,4 +1,4 @@
-"""FSDP2 sharding (`distrl.workers.sharding`) in real 2-process gloo groups on the CPU, against plain replicas.
+"""FSDP2 sharding (`distrl.workers.training.sharding`) in real 2-process gloo groups on the CPU, against plain replicas.
 
 Each scenario runs in two spawned processes (`_spawn`: 127.0.0.1, a free port, a time limit); rank 0 writes what it
 measured to a file that the test compares with a 1-process run made here. The training step is the learners' data
@@ -51,8 +51,8 @@ def partial_loss(model, part: dict[str, torch.Tensor], num_tokens: float) -> tor
 
 def train(model, optimizer, batches, rank: int, world: int, reduce_grads) -> list[tuple[float, float]]:
     """One AdamW step per batch; returns (loss summed over micro-batches and ranks, grad norm) per step."""
-    from distrl.workers import dist
-    from distrl.workers.sharding import clip_grad_norm_
+    from distrl.workers.training import dist
+    from distrl.workers.training.sharding import clip_grad_norm_
 
     out = []
     for batch in batches:
@@ -77,8 +77,8 @@ def adamw(model) -> torch.optim.Optimizer:
 
 def full_weights(model) -> dict[str, torch.Tensor]:
     """The float32 state dict, gathered bucket by bucket (small buckets: several gathers); rank 0 only."""
-    from distrl.workers.export import specs as weight_specs
-    from distrl.workers.sharding import gather_bucket
+    from distrl.workers.training.sharding import gather_bucket
+    from distrl.workers.weights.export import specs as weight_specs
 
     out: dict[str, torch.Tensor] = {}
     for spec in weight_specs(model, 64 * 2**10, torch.float32):
@@ -92,14 +92,14 @@ def full_weights(model) -> dict[str, torch.Tensor]:
 def _replicate(model_dir: Path):
     from transformers import AutoModelForCausalLM
 
-    from distrl.workers import dist
+    from distrl.workers.training import dist
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return model, lambda m: dist.all_reduce_grads_(list(m.parameters()))
 
 
 def _fsdp(model_dir: Path, **kwargs):
-    from distrl.workers.sharding import learner_mesh, load_sharded_causal_lm
+    from distrl.workers.training.sharding import learner_mesh, load_sharded_causal_lm
 
     return load_sharded_causal_lm(model_dir, learner_mesh("cpu"), **kwargs), lambda m: None
 
@@ -118,7 +118,7 @@ def scenario_numerics(rank: int, world: int, model_dir: Path, out: Path) -> dict
 
 def scenario_checkpoint(rank: int, world: int, model_dir: Path, out: Path) -> dict:
     """Train 1 step, save, train 2 more (A); a fresh model + optimizer loads the save and trains the same 2 (B)."""
-    from distrl.workers.sharding import load, save, save_hf
+    from distrl.workers.training.sharding import load, save, save_hf
 
     batches = make_batches()
     model, _ = _fsdp(model_dir)
@@ -155,8 +155,8 @@ def scenario_export(rank: int, world: int, model_dir: Path, out: Path) -> dict:
     how many times each rank waited for its gathers (`bound_run_ahead`) against the buckets it gathered."""
     import torch.distributed
 
-    from distrl.workers.export import specs as weight_specs
-    from distrl.workers.sharding import export as sharded_export
+    from distrl.workers.training.sharding import export as sharded_export
+    from distrl.workers.weights.export import specs as weight_specs
 
     model, _ = _fsdp(model_dir)
     train(model.train(), adamw(model), make_batches(1), rank, world, lambda m: None)
@@ -178,7 +178,7 @@ SCENARIOS = {"numerics": scenario_numerics, "checkpoint": scenario_checkpoint, "
 
 
 def _worker(rank: int, world: int, port: int, scenario: str, model_dir: Path, out: Path) -> None:
-    from distrl.workers.dist import init_process_group, leave_process_group
+    from distrl.workers.training.dist import init_process_group, leave_process_group
 
     torch.set_num_threads(1)
     run = SCENARIOS.get(scenario) or _learner_scenario(scenario)
@@ -263,7 +263,7 @@ def assert_close_weights(a: dict, b: dict, atol=1e-3 * LR * STEPS):
 
 # ------------------------------------------------------------------------------------------------------ tests
 def test_clip_grad_norm_hand_worked():
-    from distrl.workers.sharding import clip_grad_norm_
+    from distrl.workers.training.sharding import clip_grad_norm_
 
     a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1))
     a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])
@@ -278,7 +278,7 @@ def test_decoder_layers_come_from_no_split_modules(tiny_model_dir):
     from transformers import AutoModelForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    from distrl.workers.sharding import decoder_layer_classes
+    from distrl.workers.training.sharding import decoder_layer_classes
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert decoder_layer_classes(model) == (LlamaDecoderLayer,)
@@ -292,8 +292,8 @@ def test_weight_buckets_and_hf_export_of_an_unsharded_model(tiny_model_dir, tmp_
     """One process, no group: the same functions serve a plain model (rank 0 is this process)."""
     from transformers import AutoModelForCausalLM
 
-    from distrl.workers.export import specs as weight_specs
-    from distrl.workers.sharding import save_hf
+    from distrl.workers.training.sharding import save_hf
+    from distrl.workers.weights.export import specs as weight_specs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     vocab, hidden = model.config.vocab_size, model.config.hidden_size
@@ -384,7 +384,7 @@ def test_on_cuda_a_rank_waits_for_its_queued_gathers(monkeypatch):
     CPU it has nothing to wait for."""
     from types import SimpleNamespace
 
-    from distrl.workers.sharding.export import bound_run_ahead
+    from distrl.workers.training.sharding.export import bound_run_ahead
 
     synced: list[str] = []
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(synchronize=lambda: synced.append("x")))
@@ -399,8 +399,8 @@ def test_a_bucket_goes_to_the_device_asked_for(tiny_model_dir):
     meta device stands for it, on a plain model."""
     from transformers import AutoModelForCausalLM
 
-    from distrl.workers.export import specs as weight_specs
-    from distrl.workers.sharding import gather_bucket
+    from distrl.workers.training.sharding import gather_bucket
+    from distrl.workers.weights.export import specs as weight_specs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     spec = weight_specs(model, 2**20, torch.bfloat16)[0]

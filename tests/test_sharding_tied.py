@@ -14,7 +14,7 @@ from test_sharding import _spawn
 
 from distrl import checkpoint
 from distrl.config import FSDPStrategy
-from distrl.workers.sharding.load import aliases
+from distrl.workers.training.sharding.load import aliases
 
 
 def scenario_tied(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:

@@ -128,7 +128,7 @@ def test_a_tiny_model_being_built_is_not_read_before_it_is_complete(tmp_path, mo
 
     from distrl.config import ModelConfig
     from distrl.workers import tiny_model
-    from distrl.workers.model import resolve_model_path
+    from distrl.workers.model_files import resolve_model_path
 
     writing = threading.Event()
 

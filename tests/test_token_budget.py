@@ -1,5 +1,5 @@
-"""`max_tokens_per_micro_batch: auto` (`distrl.workers.token_budget`): the bytes a token costs, worked by hand for
-Qwen2.5-0.5B's shape, and the budget from a GPU's free memory (its report faked on the CPU); 8192 on the CPU."""
+"""`max_tokens_per_micro_batch: auto` (`distrl.workers.training.token_budget`): the bytes a token costs, worked by hand
+for Qwen2.5-0.5B's shape, and the budget from a GPU's free memory (its report faked on the CPU); 8192 on the CPU."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from distrl.workers import token_budget
-from distrl.workers.token_budget import CPU_TOKENS, auto_token_budget, bytes_per_token
+from distrl.workers.training import token_budget
+from distrl.workers.training.token_budget import CPU_TOKENS, auto_token_budget, bytes_per_token
 
 QWEN05 = SimpleNamespace(hidden_size=896, intermediate_size=4864, num_hidden_layers=24)
 

@@ -1,10 +1,10 @@
-"""The arguments a rollout worker builds its vLLM engine with (`distrl.workers.vllm_engine.engine_args`): what the
-config asks for, and the settings every engine needs (processed log-probs, prefix caching; on CPU whole prompts)."""
+"""The arguments a rollout worker builds its vLLM engine with (`distrl.workers.rollout.vllm_engine.engine_args`): what
+the config asks for, and the settings every engine needs (processed log-probs, prefix caching; on CPU whole prompts)."""
 
 from __future__ import annotations
 
 from distrl.config import LoraConfig, ModelConfig, RolloutConfig
-from distrl.workers.vllm_engine import engine_args
+from distrl.workers.rollout.vllm_engine import engine_args
 
 
 def args(model_dir, **kwargs):

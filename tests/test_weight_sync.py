@@ -18,9 +18,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from distrl.cluster.backend import ActorLost, Done, LocalBackend
 from distrl.cluster.group import LocalGroup
 from distrl.cluster.weight_sync import NcclSync, ObjectStoreSync, StreamedBuckets
-from distrl.workers import nccl
-from distrl.workers.engine_loop import EngineLoop
-from distrl.workers.rollout import RolloutWorker, Served, UnusableEngine
+from distrl.workers.rollout.engine_loop import EngineLoop
+from distrl.workers.rollout.worker import RolloutWorker, Served, UnusableEngine
+from distrl.workers.weights import nccl
 
 
 class FakeLearner:

@@ -34,7 +34,7 @@ from distrl.cluster.capacity import where
 from distrl.cluster.deadlines import Deadlines
 from distrl.cluster.group import ActorGroup
 from distrl.config import RecoveryConfig
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.rollout.worker import RolloutWorker
 
 VERDICT_POLL_S = 1.0
 """How often an engine Ray cannot reach is asked about (whether Ray has declared it dead)."""

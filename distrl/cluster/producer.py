@@ -45,7 +45,7 @@ from distrl.config import DynamicSamplingConfig, RecoveryConfig, RewardConfig
 from distrl.data.stream import PromptStream
 from distrl.types.prompt import Prompt
 from distrl.types.rollouts import ScoredRollouts
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.rollout.worker import RolloutWorker
 
 
 @dataclass

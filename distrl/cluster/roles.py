@@ -24,12 +24,12 @@ from distrl.cluster.hybrid import HybridSync, RoleView
 from distrl.cluster.placement import place, release
 from distrl.cluster.weight_sync import WeightSync, make_weight_sync
 from distrl.config import Config, RoleResources
-from distrl.workers.critic import Critic
 from distrl.workers.hybrid import HybridWorker
-from distrl.workers.learner import Learner
-from distrl.workers.reference import ReferenceWorker
-from distrl.workers.rollout import RolloutWorker
-from distrl.workers.vllm_engine import ENGINE_ENV
+from distrl.workers.rollout.vllm_engine import ENGINE_ENV
+from distrl.workers.rollout.worker import RolloutWorker
+from distrl.workers.training.critic import Critic
+from distrl.workers.training.learner import Learner
+from distrl.workers.training.reference import ReferenceWorker
 
 
 @dataclass
@@ -154,7 +154,7 @@ def started_roles(cfg: Config, backend: Backend, rollout_worker: type = RolloutW
 
 def sampling_seed(cfg: Config) -> int:
     """The run's sampling seed: `rollout.seed`, or 1000 x `run.seed`. Every engine gets it; each sample's own seed
-    is derived from it and the sample's prompt ticket (`distrl.workers.sampling.request_seed`)."""
+    is derived from it and the sample's prompt ticket (`distrl.workers.rollout.sampling.request_seed`)."""
     return cfg.rollout.seed if cfg.rollout.seed is not None else cfg.run.seed * 1000
 
 

@@ -9,7 +9,7 @@ Either way an engine takes in one bucket at a time, as its in-place reload reach
 is processing, not a copy of the model (on a GPU: outside vLLM's memory budget). docs/BENCHMARKS.md measures it.
 
 With `verify`, every load is followed by a check of the weights the engine then serves against learner 0's
-fingerprint of what it sent (`distrl.workers.fingerprint`): a push resolves only once its weights are verified.
+fingerprint of what it sent (`distrl.workers.weights.fingerprint`): a push resolves only once its weights are verified.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import torch
 
 from distrl.cluster.backend import Done
 from distrl.cluster.group import ActorGroup, RayGroup
-from distrl.workers.learner import Learner
-from distrl.workers.model import DTYPES
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.model_files import DTYPES
+from distrl.workers.rollout.worker import RolloutWorker
+from distrl.workers.training.learner import Learner
 
 
 @dataclass
@@ -164,7 +164,7 @@ class ObjectStoreSync(WeightSync):
             return []
         # Each bucket object is created once by learner 0 and read from shared memory by every rollout actor on
         # the node, one bucket at a time (StreamedBuckets). Every learner takes part in each export call
-        # (`distrl.workers.export`); learner 0's answer holds the bucket.
+        # (`distrl.workers.weights.export`); learner 0's answer holds the bucket.
         buckets = StreamedBuckets([self.learners.map(Learner.weight_bucket, spec, self.dtype)[0]
                                    for spec in self.specs])
         return [self.rollouts.call(i, RolloutWorker.load_weights, version, buckets) for i in to]

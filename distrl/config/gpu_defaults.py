@@ -3,7 +3,8 @@ validated), and the check that fused kernels run on GPUs (`kernel_problems`).
 
 A default chosen here is not marked as set by the config (a section's `model_fields_set` keeps what the config
 wrote), so that later checks can tell the two apart: the preflight falls back from a defaulted `kernels: liger` to
-`plain` where liger-kernel cannot run, and refuses a `liger` the config asked for (`distrl.workers.kernel_support`).
+`plain` where liger-kernel cannot run, and refuses a `liger` the config asked for
+(`distrl.workers.training.kernel_support`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ TokenBudget = Annotated[int, Field(gt=0)] | Literal["auto"] | None
 """A micro-batch token budget: a number of tokens, `auto` (from the device's memory and the model), or null."""
 
 Kernels = Literal["plain", "liger", "compile"]
-"""`learner.kernels`, `critic.kernels`, `reference.kernels` (`distrl.workers.kernels`)."""
+"""`learner.kernels`, `critic.kernels`, `reference.kernels` (`distrl.workers.training.kernels`)."""
 
 
 class ConstantSchedule(Section):
@@ -136,13 +136,14 @@ class LearnerConfig(Section):
     go into as few micro-batches of at most this many tokens as first-fit decreasing finds, balanced longest first
     (a longer sequence goes alone). The loss stays exactly the full mini-batch's (global normalisation), whatever
     the partition. `auto`: the most tokens whose activations fit in the GPU's free memory beside the weights,
-    gradients and AdamW state, from the model's shape (`distrl.workers.token_budget`; 8192 on the CPU). Null: fixed
-    micro-batches of `micro_batch_size` sequences. Left out with `micro_batch_size` left out too, it is `auto` when
-    the role has GPUs."""
+    gradients and AdamW state, from the model's shape (`distrl.workers.training.token_budget`; 8192 on the CPU). Null:
+    fixed micro-batches of `micro_batch_size` sequences. Left out with `micro_batch_size` left out too, it is `auto`
+    when the role has GPUs."""
     kernels: Kernels = "plain"
-    """Kernels for the model's elementwise work (`distrl.workers.kernels`): `plain` (transformers' modules), `liger`
-    (liger-kernel's fused RMSNorm, rotary embedding and SwiGLU; the `kernels` extra) or `compile` (`torch.compile`
-    of each decoder layer). `liger` and `compile` need a GPU. Left out, it is `liger` when the role has GPUs."""
+    """Kernels for the model's elementwise work (`distrl.workers.training.kernels`): `plain` (transformers' modules),
+    `liger` (liger-kernel's fused RMSNorm, rotary embedding and SwiGLU; the `kernels` extra) or `compile`
+    (`torch.compile` of each decoder layer). `liger` and `compile` need a GPU. Left out, it is `liger` when the role
+    has GPUs."""
     max_consecutive_nonfinite: int = Field(default=3, gt=0)
     """Optimizer steps with a non-finite loss or grad norm are skipped; this many in a row stop the run."""
     lora: LoraConfig | None = None

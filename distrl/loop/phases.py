@@ -35,11 +35,11 @@ from distrl.run_dir import RunDir
 from distrl.types.batches import Sequences, TrainBatch, in_row_order
 from distrl.types.prompt import Prompt
 from distrl.types.rollouts import Rollouts, ScoredRollouts
-from distrl.workers.critic import Critic
-from distrl.workers.learner import Learner
-from distrl.workers.reference import ReferenceWorker
 from distrl.workers.rewards import Scores
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.rollout.worker import RolloutWorker
+from distrl.workers.training.critic import Critic
+from distrl.workers.training.learner import Learner
+from distrl.workers.training.reference import ReferenceWorker
 
 
 @dataclass
@@ -282,7 +282,7 @@ def save_checkpoint(job: Job) -> Path:
     the older ones."""
     path = checkpoint.path_for(job.run.path, job.last_step)
     tmp = checkpoint.begin(path)
-    dtype = job.cfg.rollout.dtype  # the HF copies in the dtype the engines serve (distrl.workers.hf_export)
+    dtype = job.cfg.rollout.dtype  # the HF copies in the dtype the engines serve (distrl.workers.weights.hf_export)
     parts = {"policy": job.roles.backend.answer(
         job.roles.learner.map(Learner.save_checkpoint, str(tmp / "policy"), dtype),
         f"the learners' checkpoint of step {job.last_step}", job.cfg.cluster.call_timeout_s)}

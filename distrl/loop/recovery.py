@@ -18,8 +18,8 @@ from distrl.loop.phases import Job
 from distrl.metrics import BusyClock
 from distrl.reward_watch import RewardWatch
 from distrl.run_dir import RunDir
-from distrl.workers.critic import Critic
-from distrl.workers.learner import Learner
+from distrl.workers.training.critic import Critic
+from distrl.workers.training.learner import Learner
 
 
 def dead_actors(roles: Roles, error: Exception) -> list[str] | None:

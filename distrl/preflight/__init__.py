@@ -14,8 +14,9 @@
   environment with tools, `env.tool_parser`);
 - where it runs (`placement.py`): the run directory can be made and written, and `run.resume` / `run.overwrite`
   fit what is already there; on the embedded cluster, the roles' CPUs and GPUs fit this machine;
-- `kernels: liger` can run (liger-kernel installed, the model's type one it patches: `distrl.workers.kernel_support`),
-  else a role whose liger is the GPU default falls back to `plain`, with a note.
+- `kernels: liger` can run (liger-kernel installed, the model's type one it patches:
+  `distrl.workers.training.kernel_support`), else a role whose liger is the GPU default falls back to `plain`, with a
+  note.
 
 Each problem is one line that starts with the config field it concerns; `check` reports them all at once, so one
 corrected re-run is enough. With `model.create_tiny_if_missing` a missing model is fine (it is built on first use,
@@ -38,7 +39,7 @@ from distrl.preflight.inputs import (
 )
 from distrl.preflight.model import check_model, context_length, model_dir
 from distrl.preflight.placement import check_resources, check_run_dir
-from distrl.workers.kernel_support import check_liger
+from distrl.workers.training.kernel_support import check_liger
 
 __all__ = ["PreflightError", "check", "context_length"]
 

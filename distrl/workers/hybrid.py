@@ -29,12 +29,14 @@ from typing import Any
 import torch
 
 from distrl.config import HybridConfig
-from distrl.workers import dist, export, openmp
-from distrl.workers.engine_loop import EngineLoop
-from distrl.workers.learner import Learner
-from distrl.workers.reference import ReferenceWorker
-from distrl.workers.rollout import RolloutWorker
-from distrl.workers.token_budget import ADAMW_BYTES, trained_parameters
+from distrl.workers import openmp
+from distrl.workers.rollout.engine_loop import EngineLoop
+from distrl.workers.rollout.worker import RolloutWorker
+from distrl.workers.training import dist
+from distrl.workers.training.learner import Learner
+from distrl.workers.training.reference import ReferenceWorker
+from distrl.workers.training.token_budget import ADAMW_BYTES, trained_parameters
+from distrl.workers.weights import export
 
 ENGINE_CALLS = {("rollout", "generate"), ("rollout", "score"), ("rollout", "check_weights")}
 """Calls that run the engine: it must be awake, with its KV cache, and the optimizer's state may leave the device."""

@@ -21,7 +21,7 @@ from distrl.agents.server import AgentServer
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.agents.trajectory import Budget, Sampled, turn_seed
 from distrl.config import ModelConfig
-from distrl.workers.model import load_tokenizer
+from distrl.workers.model_files import load_tokenizer
 from tests.agent_envs import TOOLS
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'

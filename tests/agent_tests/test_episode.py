@@ -15,7 +15,7 @@ from distrl.agents.episode import EpisodeRunner
 from distrl.agents.host import EnvError, EnvHost, EnvLost
 from distrl.agents.trajectory import Budget, Sampled, drift, turn_seed
 from distrl.config import ModelConfig
-from distrl.workers.model import load_tokenizer
+from distrl.workers.model_files import load_tokenizer
 
 EOS = 99
 
@@ -232,7 +232,7 @@ def test_the_rollout_worker_has_no_coroutine_methods():
     start: episodes' coroutines live outside the class."""
     import inspect
 
-    from distrl.workers.rollout import RolloutWorker
+    from distrl.workers.rollout.worker import RolloutWorker
 
     assert not [name for name, fn in inspect.getmembers(RolloutWorker) if inspect.iscoroutinefunction(fn)]
 

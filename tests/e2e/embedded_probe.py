@@ -31,16 +31,16 @@ def pid() -> int:
 
 @ray.remote(num_cpus=0)
 class Member:
-    """A learner's part of the learners' process group (`distrl.workers.dist`), without a model."""
+    """A learner's part of the learners' process group (`distrl.workers.training.dist`), without a model."""
 
     def free_port(self) -> tuple[str, int]:
-        from distrl.workers import dist
+        from distrl.workers.training import dist
 
         host = ray.util.get_node_ip_address()
         return host, dist.free_port(host)
 
     def join(self, host: str, port: int, rank: int, world_size: int) -> int:
-        from distrl.workers import dist
+        from distrl.workers.training import dist
 
         dist.init_process_group(host, port, rank, world_size, "cpu")
         return os.getpid()

@@ -13,7 +13,7 @@ import pytest
 from distrl.agents.chat import ChatRenderer
 from distrl.config import EnvConfig, from_dict
 from distrl.types.prompt import Prompt
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.rollout.worker import RolloutWorker
 from tests.agent_envs import TOOLS
 from tests.e2e.conftest import quickstart
 

@@ -14,9 +14,9 @@ import torch
 from distrl.agents.chat import ChatRenderer
 from distrl.config import EnvConfig, from_dict
 from distrl.types.prompt import Prompt
-from distrl.workers import export
-from distrl.workers.model import load_causal_lm
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.rollout.worker import RolloutWorker
+from distrl.workers.training.model import load_causal_lm
+from distrl.workers.weights import export
 from tests.agent_envs import TOOLS
 from tests.e2e.conftest import quickstart, start_quickstart
 from tests.e2e.faults import finish, kill_actor, rows_of

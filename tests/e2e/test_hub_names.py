@@ -10,8 +10,8 @@ import torch
 
 from distrl.config import from_dict
 from distrl.data.prompts import load_prompts
-from distrl.workers.model import load_tokenizer, resolve_model_path
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.model_files import load_tokenizer, resolve_model_path
+from distrl.workers.rollout.worker import RolloutWorker
 from tests.hub_cache import cache_gsm8k_like, cache_model
 
 NAME = "distrl-tests/tiny-llama"

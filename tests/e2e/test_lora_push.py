@@ -11,9 +11,9 @@ import torch
 
 from distrl.config import LoraConfig, ModelConfig, RolloutConfig
 from distrl.types.prompt import Prompt
-from distrl.workers.fingerprint import WeightMismatch
-from distrl.workers.learner import Learner
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.rollout.worker import RolloutWorker
+from distrl.workers.training.learner import Learner
+from distrl.workers.weights.fingerprint import WeightMismatch
 from tests.test_learner import batch, scored, update
 from tests.test_lora import LORA, make_lora_learner, randomize_b
 

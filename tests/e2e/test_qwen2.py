@@ -24,10 +24,10 @@ from distrl.config import RecoveryConfig
 from distrl.data.prompts import load_prompts
 from distrl.data.stream import PromptStream
 from distrl.types.batches import TrainBatch
-from distrl.workers.learner import Learner
-from distrl.workers.model import load_tokenizer
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.model_files import load_tokenizer
+from distrl.workers.rollout.worker import RolloutWorker
 from distrl.workers.tiny_model import make_tiny_model
+from distrl.workers.training.learner import Learner
 
 from .conftest import quickstart
 

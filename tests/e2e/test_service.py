@@ -27,12 +27,12 @@ from distrl.data.stream import PromptStream
 from distrl.driver import train
 from distrl.types.batches import Sequences, TrainBatch
 from distrl.types.rollouts import ScoredRollouts
-from distrl.workers.fingerprint import WeightMismatch
-from distrl.workers.learner import Learner
-from distrl.workers.model import load_tokenizer
-from distrl.workers.reference import ReferenceWorker
+from distrl.workers.model_files import load_tokenizer
 from distrl.workers.rewards import RewardError
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.rollout.worker import RolloutWorker
+from distrl.workers.training.learner import Learner
+from distrl.workers.training.reference import ReferenceWorker
+from distrl.workers.weights.fingerprint import WeightMismatch
 
 from .conftest import quickstart
 

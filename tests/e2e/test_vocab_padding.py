@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from distrl.config import from_dict
-from distrl.workers import export
-from distrl.workers.fingerprint import WeightMismatch, of_tensors
-from distrl.workers.model import load_causal_lm
-from distrl.workers.rollout import RolloutWorker
+from distrl.workers.rollout.worker import RolloutWorker
 from distrl.workers.tiny_model import default_corpus, make_tiny_model
+from distrl.workers.training.model import load_causal_lm
+from distrl.workers.weights import export
+from distrl.workers.weights.fingerprint import WeightMismatch, of_tensors
 
 CORPORA = {
     16: ["0123456789"],  # 10 characters and the 6 special tokens, no merges

@@ -13,10 +13,10 @@ import pytest
 import torch
 from test_learner import batch
 
-from distrl.workers import packed_attention
-from distrl.workers.model import padded_response_logprobs, response_logprobs
-from distrl.workers.packed_attention import Pack, attention_path, looped_packed, varlen_packed
-from distrl.workers.trainer import Counts
+from distrl.workers.training import packed_attention
+from distrl.workers.training.model import padded_response_logprobs, response_logprobs
+from distrl.workers.training.packed_attention import Pack, attention_path, looped_packed, varlen_packed
+from distrl.workers.training.trainer import Counts
 
 RELATIVE = 2e-2
 
@@ -54,7 +54,7 @@ def test_varlen_agrees_with_the_loop_forward_and_backward(kv_heads):
 
 def test_packed_logprobs_equal_padded_on_cuda(tiny_qwen2_dir):
     from distrl.config import ModelConfig
-    from distrl.workers.model import load_causal_lm
+    from distrl.workers.training.model import load_causal_lm
 
     model = load_causal_lm(ModelConfig(path=str(tiny_qwen2_dir)), "bfloat16", device="cuda")
     seqs = batch().sequences.to("cuda")

@@ -20,9 +20,9 @@ from distrl.algo import linear_logprobs, token_logprobs
 from distrl.algo.logprobs import entropy_from_logits
 from distrl.config import CriticConfig, ModelConfig, ReferenceConfig
 from distrl.merging import values
-from distrl.workers.critic import Critic
-from distrl.workers.reference import ReferenceWorker
-from distrl.workers.token_budget import MAX_TOKENS, MIN_TOKENS
+from distrl.workers.training.critic import Critic
+from distrl.workers.training.reference import ReferenceWorker
+from distrl.workers.training.token_budget import MAX_TOKENS, MIN_TOKENS
 
 
 def test_the_chunked_head_equals_the_plain_head_on_cuda():

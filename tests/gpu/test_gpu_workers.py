@@ -14,10 +14,10 @@ from test_learner import batch
 from distrl import checkpoint
 from distrl.config import CriticConfig, FSDPStrategy, LearnerConfig, LossConfig, ModelConfig, ReferenceConfig
 from distrl.merging import values
-from distrl.workers import dist
-from distrl.workers.critic import Critic
-from distrl.workers.learner import Learner
-from distrl.workers.reference import ReferenceWorker
+from distrl.workers.training import dist
+from distrl.workers.training.critic import Critic
+from distrl.workers.training.learner import Learner
+from distrl.workers.training.reference import ReferenceWorker
 
 BF16_LOGPROB_ATOL = 0.15
 

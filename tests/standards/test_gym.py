@@ -15,7 +15,7 @@ GEM, SKYRL = "distrl.standards.gem:GemEnv", "distrl.standards.skyrl_gym:SkyRLGym
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     from distrl.config import ModelConfig
-    from distrl.workers.model import load_tokenizer
+    from distrl.workers.model_files import load_tokenizer
 
     return load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
 

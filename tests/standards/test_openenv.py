@@ -29,7 +29,7 @@ SPEC = "distrl.standards.openenv:OpenEnv"
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     from distrl.config import ModelConfig
-    from distrl.workers.model import load_tokenizer
+    from distrl.workers.model_files import load_tokenizer
 
     return load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
 

@@ -10,7 +10,7 @@ from distrl.agents.chat import ChatRenderer
 from distrl.agents.host import EnvError
 from distrl.config import ModelConfig
 from distrl.standards import verifiers as adapter
-from distrl.workers.model import load_tokenizer
+from distrl.workers.model_files import load_tokenizer
 from tests.standards.scripted import call, play
 
 pytest.importorskip("verifiers")

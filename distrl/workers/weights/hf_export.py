@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from distrl.workers.model import DTYPES
+from distrl.workers.model_files import DTYPES
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from distrl.workers.fingerprint import Fingerprint, of_sample, sample
+from distrl.workers.weights.fingerprint import Fingerprint, of_sample, sample
 
 PEFT_PREFIX = "base_model.model."
 """What PEFT's adapter names put before the HF module name."""
@@ -68,8 +68,8 @@ def register(worker: Any, version: int, tensors: dict[str, torch.Tensor], peft_c
 
 
 def slot_fingerprint(worker: Any, version: int, rank: int) -> Fingerprint:
-    """In the engine's worker: the fingerprint (`distrl.workers.fingerprint`) of the adapter tensors in the LoRA slot
-    that serves `version`, under PEFT's names: A `[r, in]` and B `[out, r]` of each projection, packed layers
+    """In the engine's worker: the fingerprint (`distrl.workers.weights.fingerprint`) of the adapter tensors in the LoRA
+    slot that serves `version`, under PEFT's names: A `[r, in]` and B `[out, r]` of each projection, packed layers
     (`qkv_proj`, `gate_up_proj`) split back into their HF projections. B is as the kernels use it, scaled by
     alpha / r. Empty when `version`'s adapters are in no slot (the engine would not serve them)."""
     manager = worker.model_runner.lora_manager._adapter_manager

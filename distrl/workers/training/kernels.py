@@ -121,7 +121,7 @@ def _with_globals(function: types.FunctionType, swaps: dict) -> types.FunctionTy
 def _compiled(model: torch.nn.Module) -> torch.nn.Module:
     from transformers import AttentionInterface
 
-    from distrl.workers.packed_attention import PACKED_ATTENTION, packed_attention
+    from distrl.workers.training.packed_attention import PACKED_ATTENTION, packed_attention
 
     AttentionInterface.register(PACKED_ATTENTION, torch.compiler.disable(packed_attention))
     for layer in decoder_layers(model):

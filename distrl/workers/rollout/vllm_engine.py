@@ -1,6 +1,7 @@
 """The vLLM engine a rollout worker holds: the environment vLLM must find when it is imported, and the arguments the
 engine is built with from the config (in-process engine core, processed log-probs, prefix caching, a LoRA slot, GPU
-memory or a CPU KV cache, the external launcher of a hybrid actor's engine). Why each matters: `distrl.workers.rollout`.
+memory or a CPU KV cache, the external launcher of a hybrid actor's engine). Why each matters:
+`distrl.workers.rollout.worker`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import os
 from typing import Any
 
 from distrl.config import LoraConfig, ModelConfig, RolloutConfig
-from distrl.workers.model import resolve_model_path, tokenizer_path
+from distrl.workers.model_files import resolve_model_path, tokenizer_path
 
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
 """Environment of every rollout process, needed before vLLM is imported (set by the cluster layer, and here).

@@ -1,6 +1,6 @@
 """Weight export from a sharded model: full tensors, bucket by bucket, every rank taking part.
 
-The bucket layout is `distrl.workers.export.specs` (full shapes, no communication); `gather_bucket` all-gathers
+The bucket layout is `distrl.workers.weights.export.specs` (full shapes, no communication); `gather_bucket` all-gathers
 one bucket's tensors (a collective: every rank calls it with the same bucket) and returns them, cast, on rank 0
 only. No rank holds more than one gathered bucket: on gloo every collective blocks its caller, and on CUDA, where
 `full_tensor` only queues the all-gather, every rank waits for its bucket's gathers before returning
@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from distrl.workers import export
-from distrl.workers.export import Spec
-from distrl.workers.sharding.load import aliases
+from distrl.workers.training.sharding.load import aliases
+from distrl.workers.weights import export
+from distrl.workers.weights.export import Spec
 
 
 @torch.no_grad()

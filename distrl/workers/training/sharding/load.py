@@ -18,7 +18,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from distrl.workers.sharding.wrap import shard
+from distrl.workers.training.sharding.wrap import shard
 
 
 def aliases(model: torch.nn.Module) -> dict[str, str]:
@@ -36,10 +36,10 @@ def aliases(model: torch.nn.Module) -> dict[str, str]:
 def load_sharded_causal_lm(path: str | Path, mesh: DeviceMesh, *, compute_dtype: torch.dtype = torch.float32,
                            cpu_offload: bool = False, trust_remote_code: bool = False) -> torch.nn.Module:
     """The HF model in `path`, float32 master weights, sharded over `mesh` by `shard`, in eval mode, whose
-    attention keeps packed sequences apart (`PACKED_ATTENTION`, as `distrl.workers.model.load_causal_lm`)."""
+    attention keeps packed sequences apart (`PACKED_ATTENTION`, as `distrl.workers.training.model.load_causal_lm`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from distrl.workers.packed_attention import PACKED_ATTENTION
+    from distrl.workers.training.packed_attention import PACKED_ATTENTION
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     return load_sharded(AutoModelForCausalLM, config, path, mesh, compute_dtype=compute_dtype,

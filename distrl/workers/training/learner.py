@@ -2,7 +2,7 @@
 log-probs, its weight export and its part of the checkpoints. Plain class, no Ray.
 
 One `update(batch)` call runs `ppo_epochs` passes over this learner's shard of the step batch, one optimizer step
-per mini-batch, micro-batches accumulated in between (see `distrl.workers.trainer` for the exact global
+per mini-batch, micro-batches accumulated in between (see `distrl.workers.training.trainer` for the exact global
 normalisation over micro-batches and learners).
 """
 
@@ -18,15 +18,17 @@ from distrl.algo.loss import MERGE
 from distrl.config import LearnerConfig, LossConfig, ModelConfig
 from distrl.merging import Figures
 from distrl.types.batches import Sequences, TrainBatch, on_host
-from distrl.workers import dist, export, fingerprint, lora, nccl
 from distrl.workers.device import granted_device, to_device
-from distrl.workers.fingerprint import Fingerprint
-from distrl.workers.hf_export import HFExport
-from distrl.workers.kernels import apply_kernels
-from distrl.workers.model import DTYPES, response_logprobs, score_rows, tokenizer_path
-from distrl.workers.packing import Layout
-from distrl.workers.strategy import make_strategy
-from distrl.workers.trainer import Counts, Measured, NonFiniteError, Trainer
+from distrl.workers.model_files import DTYPES, tokenizer_path
+from distrl.workers.training import dist, lora
+from distrl.workers.training.kernels import apply_kernels
+from distrl.workers.training.model import response_logprobs, score_rows
+from distrl.workers.training.packing import Layout
+from distrl.workers.training.strategy import make_strategy
+from distrl.workers.training.trainer import Counts, Measured, NonFiniteError, Trainer
+from distrl.workers.weights import export, fingerprint, nccl
+from distrl.workers.weights.fingerprint import Fingerprint
+from distrl.workers.weights.hf_export import HFExport
 
 __all__ = ["Learner", "NonFiniteError"]
 
@@ -157,7 +159,7 @@ class Learner:
         return torch.cat(self._proximal)
 
     # ------------------------------------------------------------------------------------------- weight export
-    # Every learner is called for every export (`distrl.workers.export`); learner 0 answers, the others return
+    # Every learner is called for every export (`distrl.workers.weights.export`); learner 0 answers, the others return
     # nothing. With replicas the others have nothing to do; a sharded strategy gathers here.
     def weight_specs(self, bucket_bytes: int, dtype: str) -> list[export.Spec]:
         """Bucket layout of the exported weights: buckets of about `bucket_bytes` in `dtype`, (name, shape) each."""

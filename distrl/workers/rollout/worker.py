@@ -29,12 +29,13 @@ from distrl.agents.trajectory import Budget
 from distrl.config import EnvConfig, EvalSamplingConfig, LoraConfig, ModelConfig, RolloutConfig
 from distrl.types.prompt import Prompt
 from distrl.types.rollouts import Rollouts
-from distrl.workers import fingerprint, lora_engine, vllm_engine
 from distrl.workers.device import granted_device
-from distrl.workers.engine_loop import EngineLoop
-from distrl.workers.episodes import EngineStepper, Resampled
-from distrl.workers.fingerprint import Fingerprint, served_fingerprint
-from distrl.workers.sampling import eval_sampling, request_seed, sampling_params
+from distrl.workers.rollout import lora_engine, vllm_engine
+from distrl.workers.rollout.engine_loop import EngineLoop
+from distrl.workers.rollout.episodes import EngineStepper, Resampled
+from distrl.workers.rollout.sampling import eval_sampling, request_seed, sampling_params
+from distrl.workers.weights import fingerprint
+from distrl.workers.weights.fingerprint import Fingerprint, served_fingerprint
 
 
 class UnusableEngine(RuntimeError):
@@ -117,7 +118,7 @@ class RolloutWorker:
     (`distrl.agents.server`) on the address `address()` gives, in this process (the node's address in a cluster).
 
     With `lora` (the learners' `learner.lora`) the engine keeps its base weights and serves the pushed adapters
-    (`distrl.workers.lora_engine`): once a version's adapters are loaded, every request carries them.
+    (`distrl.workers.rollout.lora_engine`): once a version's adapters are loaded, every request carries them.
     """
 
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
@@ -255,7 +256,7 @@ class RolloutWorker:
         """The adapter tensors (PEFT names) become the adapters of `version` in the engine's slot, in place of the
         previous version's, and every request from now on carries them. The engine is drained: no request still
         carries the previous version's, which are removed."""
-        from distrl.workers.lora import peft_config
+        from distrl.workers.training.lora import peft_config
 
         assert self.lora is not None and self.stepper.in_flight == 0
         previous = self.policy_version if self.served.adapter is not None else None
@@ -295,16 +296,16 @@ class RolloutWorker:
     def nccl_connect(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
         """Join the NCCL weight-sync world as `rank` (`nccl.make_communicator`), waiting `timeout_s` for the other
         ranks; a communicator of an earlier world is dropped."""
-        from distrl.workers import nccl
+        from distrl.workers.weights import nccl
 
         self._nccl = self.engine.call(nccl.make_communicator, host, port, rank, world_size, timeout_s)
         self._nccl_device = torch.device("cuda", torch.cuda.current_device())
 
     def nccl_receive(self, version: int, specs: list, dtype: str) -> int:
-        """Load the buckets learner 0 broadcasts (see `distrl.workers.nccl`) in place, each received only when the
-        reload reaches it: one bucket on the device at a time, not a copy of the model outside vLLM's budget."""
-        from distrl.workers import nccl
-        from distrl.workers.model import DTYPES
+        """Load the buckets learner 0 broadcasts (see `distrl.workers.weights.nccl`) in place, each received only when
+        the reload reaches it: one bucket on the device at a time, not a copy of the model outside vLLM's budget."""
+        from distrl.workers.model_files import DTYPES
+        from distrl.workers.weights import nccl
 
         return self.load_weights(version, nccl.receive_buckets(self._nccl, specs, DTYPES[dtype], self._nccl_device))
 

@@ -18,7 +18,7 @@ import torch
 
 from distrl.types.batches import Sequences
 from distrl.workers.device import to_device
-from distrl.workers.packed_attention import Pack
+from distrl.workers.training.packed_attention import Pack
 
 
 @dataclass(frozen=True)

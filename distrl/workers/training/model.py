@@ -1,10 +1,10 @@
-"""Loading the policy / reference model and tokenizer with transformers, and the one forward pass both score with.
+"""Loading the policy / reference model with transformers, and the one forward pass both score with.
 
 The forward pass returns the log-probs of the response tokens of `Sequences` after temperature scaling (the
 same scaling vLLM applied when sampling), computed with the LM head in chunks by `distrl.algo.linear_logprobs`, so
 no `[K, V]` logits are ever made. It runs on the sequences packed into one row, without padding
-(`response_logprobs`, from a layout made on the host: `distrl.workers.packing`), so the model's attention must keep
-them apart: models are loaded with distrl's `PACKED_ATTENTION`. `padded_response_logprobs` is the padded forward
+(`response_logprobs`, from a layout made on the host: `distrl.workers.training.packing`), so the model's attention must
+keep them apart: models are loaded with distrl's `PACKED_ATTENTION`. `padded_response_logprobs` is the padded forward
 pass it replaced, kept as the reference that packing is tested against and the baseline of
 `bench/bench_learner_step.py`.
 """
@@ -13,56 +13,17 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from distrl.config import ModelConfig
-from distrl.hub import local_dir
 from distrl.micro_batches import micro_batches
 from distrl.types.batches import Sequences, on_host
-from distrl.workers import packed_attention
 from distrl.workers.device import to_device
-from distrl.workers.packed_attention import PACKED_ATTENTION
-from distrl.workers.packing import Layout, host_layout
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_model_path(cfg: ModelConfig, path: str | None = None, weights: bool = True) -> str:
-    """The local directory of the model to load (`path`, else `model.path`): a hub name resolved through the
-    Hugging Face cache (`distrl.hub.local_dir`; `weights=False` fetches only its config and tokenizer files), or
-    the tiny test model, built first when the config asks for it and it is absent."""
-    path = path or cfg.path
-    if cfg.create_tiny_if_missing:
-        from filelock import FileLock
-
-        from distrl.workers.tiny_model import make_tiny_model
-
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        # Always under the lock, even to look: config.json is the first file the build writes, so a look without
-        # the lock could see it while another actor is still writing it (and read an empty file).
-        with FileLock(str(Path(path)) + ".lock"):
-            if not (Path(path) / "config.json").exists():
-                make_tiny_model(path)
-        return path
-    return local_dir(path, weights=weights)
-
-
-def tokenizer_path(cfg: ModelConfig) -> str:
-    """The local directory of the tokenizer: `model.tokenizer`, else the model's, resolved as models are."""
-    if cfg.tokenizer:
-        return local_dir(cfg.tokenizer, weights=False)
-    return resolve_model_path(cfg, weights=False)
-
-
-def load_tokenizer(cfg: ModelConfig):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_path(cfg), trust_remote_code=cfg.trust_remote_code)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
+from distrl.workers.model_files import DTYPES, resolve_model_path
+from distrl.workers.training import packed_attention
+from distrl.workers.training.packed_attention import PACKED_ATTENTION
+from distrl.workers.training.packing import Layout, host_layout
 
 
 def load_causal_lm(cfg: ModelConfig, dtype: str, path: str | None = None, device: str | torch.device = "cpu"):
@@ -107,7 +68,7 @@ def check_packed_attention(model) -> None:
     if attention != PACKED_ATTENTION:
         raise ValueError(f"a packed forward pass puts many sequences in one row, which the model's attention "
                          f"({attention!r}) does not keep apart: load it with attn_implementation="
-                         f"{PACKED_ATTENTION!r} (distrl.workers.model.load_causal_lm does)")
+                         f"{PACKED_ATTENTION!r} (distrl.workers.training.model.load_causal_lm does)")
 
 
 def packed_inputs(model, layout: Layout) -> dict:
@@ -125,8 +86,8 @@ def response_logprobs(model, batch: Sequences, temperature: float, with_entropy:
     asked), from one packed forward pass.
 
     The real tokens of the B rows are packed into one row of N tokens (`layout`, made on the host by
-    `distrl.workers.packing.host_layout` and moved to the model's device; made here from `batch` when not given),
-    with `position_ids` restarting at 0 per sequence and no attention mask. The model's attention
+    `distrl.workers.training.packing.host_layout` and moved to the model's device; made here from `batch` when not
+    given), with `position_ids` restarting at 0 per sequence and no attention mask. The model's attention
     (`PACKED_ATTENTION`, set when it is loaded) attends within each sequence, so every token sees exactly what it
     sees in the padded batch; no padding token reaches a linear layer and attention costs the sum of the squared
     lengths. Only the K hidden states that predict a response token reach the LM head, which is computed in chunks

@@ -4,8 +4,8 @@ Decoder layers are found generically through the model's `_no_split_modules` (th
 splits across devices: `LlamaDecoderLayer`, `Qwen2DecoderLayer`, ...). The root unit holds what is left: token
 embeddings, final norm and LM head; tied embeddings are one parameter there, so they stay tied.
 
-Gradients are SUMMED across learners, as in `distrl.workers.dist`: every learner divides its partial loss by the
-global token count, so the sum over learners is the full-batch gradient. FSDP's reduce-scatter averages by default
+Gradients are SUMMED across learners, as in `distrl.workers.training.dist`: every learner divides its partial loss by
+the global token count, so the sum over learners is the full-batch gradient. FSDP's reduce-scatter averages by default
 (divides by M); `set_gradient_divide_factor(1.0)` removes the division and `set_force_sum_reduction_for_comms(True)`
 makes the collective a plain SUM (without it FSDP asks for `PREMUL_SUM(1.0)`, which gloo does not implement and which
 NCCL only needs for a real factor).

@@ -25,13 +25,13 @@ from distrl.config import LearnerConfig
 from distrl.merging import Figure, Figures, Merge, merge, over_steps
 from distrl.micro_batches import micro_batches
 from distrl.types.batches import Sequences, TrainBatch, on_host
-from distrl.workers import dist
 from distrl.workers.device import to_device
-from distrl.workers.hf_export import HFExport
-from distrl.workers.optim import build_optimizer
-from distrl.workers.packing import Layout, host_layout
-from distrl.workers.strategy import Replicated
-from distrl.workers.token_budget import auto_token_budget
+from distrl.workers.training import dist
+from distrl.workers.training.optim import build_optimizer
+from distrl.workers.training.packing import Layout, host_layout
+from distrl.workers.training.strategy import Replicated
+from distrl.workers.training.token_budget import auto_token_budget
+from distrl.workers.weights.hf_export import HFExport
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ Measured = dict[str, tuple[torch.Tensor, Merge]]
 Objective = Callable[[torch.nn.Module, TrainBatch, Counts, Layout], tuple[torch.Tensor, Measured]]
 """The loss of one micro-batch `(model, micro, counts, layout) -> (loss, figures)`: a scalar whose sum over the
 micro-batches of every learner is the mini-batch's loss (divide by `counts`), and its figures, left on the device.
-`micro` is on the trainer's device; `layout` is its packed layout there (`distrl.workers.packing`)."""
+`micro` is on the trainer's device; `layout` is its packed layout there (`distrl.workers.training.packing`)."""
 
 
 class NonFiniteError(RuntimeError):
@@ -63,8 +63,8 @@ class Trainer:
 
     The host waits for the device once per optimizer step (and once per update with several learners, for the
     global counts and the lockstep's forward passes, read together): batches stay on the host, where micro-batches
-    and their packed layouts are made and moved to the device without a wait (`distrl.workers.packing`); losses,
-    figures, the non-finite flag and the gradient norm stay on the device until the step reads them together, to
+    and their packed layouts are made and moved to the device without a wait (`distrl.workers.training.packing`);
+    losses, figures, the non-finite flag and the gradient norm stay on the device until the step reads them together, to
     decide whether to apply it."""
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, total_optimizer_steps: int, device: str,

@@ -18,16 +18,17 @@ from distrl.algo import masked_mean, value_loss
 from distrl.config import CriticConfig, FSDPStrategy, ModelConfig
 from distrl.merging import Figures, Merge
 from distrl.types.batches import Sequences, TrainBatch, on_host
-from distrl.workers import dist, sharding
 from distrl.workers.device import granted_device
-from distrl.workers.hf_export import HFExport
-from distrl.workers.kernels import apply_kernels
-from distrl.workers.model import DTYPES, packed_inputs, resolve_model_path, score_rows, tokenizer_path
-from distrl.workers.packed_attention import PACKED_ATTENTION
-from distrl.workers.packing import Layout, host_layout
-from distrl.workers.sharding.load import init_fresh
-from distrl.workers.strategy import make_strategy
-from distrl.workers.trainer import Counts, Measured, Trainer
+from distrl.workers.model_files import DTYPES, resolve_model_path, tokenizer_path
+from distrl.workers.training import dist, sharding
+from distrl.workers.training.kernels import apply_kernels
+from distrl.workers.training.model import packed_inputs, score_rows
+from distrl.workers.training.packed_attention import PACKED_ATTENTION
+from distrl.workers.training.packing import Layout, host_layout
+from distrl.workers.training.sharding.load import init_fresh
+from distrl.workers.training.strategy import make_strategy
+from distrl.workers.training.trainer import Counts, Measured, Trainer
+from distrl.workers.weights.hf_export import HFExport
 
 HEADS = ("score", "classifier")
 """Where transformers' token-classification models keep their head (Llama, Qwen2: `score`)."""
@@ -77,8 +78,8 @@ def load_sharded_value_model(model: ModelConfig, path: str | None, device: str, 
 def response_values(model: torch.nn.Module, batch: Sequences, layout: Layout | None = None) -> torch.Tensor:
     """Values of the response tokens `[B, T]` float32, 0 on padding: V_t is read at the position before response
     token t (where the policy's logits for token t are), the state before it is emitted. One packed forward pass,
-    as `distrl.workers.model.response_logprobs` (no padding reaches the model; `layout` made on the host, else here
-    from `batch`); zero rows give `[0, T]`, still connected to the graph."""
+    as `distrl.workers.training.model.response_logprobs` (no padding reaches the model; `layout` made on the host, else
+    here from `batch`); zero rows give `[0, T]`, still connected to the graph."""
     if layout is None:
         layout = host_layout(batch).to(batch.input_ids.device)
     values = model(**packed_inputs(model, layout)).logits[0, :, 0]

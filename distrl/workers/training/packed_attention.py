@@ -147,7 +147,7 @@ GPU, finding them from the device's positions (`Pack.of`) waits for the device."
 
 def remember(position_ids: torch.Tensor, pack: Pack) -> None:
     """Tell the attention that the packed row `position_ids` holds the sequences of `pack` (made on the host from
-    the batch's masks, `distrl.workers.packing`), for as long as that tensor lives."""
+    the batch's masks, `distrl.workers.training.packing`), for as long as that tensor lives."""
     _last[:] = [(weakref.ref(position_ids), pack)]
 
 

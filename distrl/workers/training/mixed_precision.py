@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-from distrl.workers.kernels import decoder_layers
+from distrl.workers.training.kernels import decoder_layers
 
 Slot = tuple[torch.nn.Module, str, torch.nn.Parameter]
 """A weight: the module that holds it, its name there, the float32 master."""

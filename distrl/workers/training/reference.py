@@ -7,9 +7,9 @@ import torch
 from distrl.config import ModelConfig, ReferenceConfig
 from distrl.types.batches import Sequences
 from distrl.workers.device import granted_device
-from distrl.workers.kernels import apply_kernels
-from distrl.workers.model import load_causal_lm, score_in_micro_batches
-from distrl.workers.token_budget import auto_token_budget
+from distrl.workers.training.kernels import apply_kernels
+from distrl.workers.training.model import load_causal_lm, score_in_micro_batches
+from distrl.workers.training.token_budget import auto_token_budget
 
 
 class ReferenceWorker:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
-from distrl.workers.sharding.load import aliases
+from distrl.workers.training.sharding.load import aliases
 
 GROUPS = "optimizer_groups.json"
 MODEL, OPTIMIZER = "model.", "optimizer."

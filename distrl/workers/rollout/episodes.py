@@ -7,7 +7,7 @@ environment calls progress. Each step's time is shared among the requests it adv
 `engine_s`: what it cost the engine). Outputs come as deltas, so each sampled token is stamped with the policy
 version the engine served at the step that sampled it. The synchronous engine is stepped rather than `AsyncLLM`
 because it keeps the engine core in this process, where weights are reloaded in place (see
-`distrl.workers.rollout`).
+`distrl.workers.rollout.worker`).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ class _Request:
 
 class EngineStepper:
     """Samples turns on `engine` (a vLLM `LLMEngine`), for every episode of every generation call in flight; lives
-    as long as its worker, on the engine's thread (`distrl.workers.engine_loop`). `make_params(max_tokens, seed)`
-    builds a request's `SamplingParams`; `version()` is the policy version served now; `decode(ids)` gives a turn's
-    text where the engine did not detokenize; `adapter()` is the `LoRARequest` of the adapters served now (None
+    as long as its worker, on the engine's thread (`distrl.workers.rollout.engine_loop`). `make_params(max_tokens,
+    seed)` builds a request's `SamplingParams`; `version()` is the policy version served now; `decode(ids)` gives a
+    turn's text where the engine did not detokenize; `adapter()` is the `LoRARequest` of the adapters served now (None
     without `learner.lora`)."""
 
     def __init__(self, engine: Any, make_params: Callable[[int, int], Any], version: Callable[[], int],

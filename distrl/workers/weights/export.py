@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from distrl.workers.model import DTYPES
+from distrl.workers.model_files import DTYPES
 
 Spec = list[tuple[str, tuple[int, ...]]]
 """One bucket: (HF name, shape) of each tensor in it."""
@@ -23,7 +23,7 @@ Spec = list[tuple[str, tuple[int, ...]]]
 def exported(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor) of every weight the engines load, in state-dict order, tied ones under each name; only the
     adapter tensors (PEFT names) of a model with adapters."""
-    from distrl.workers import lora
+    from distrl.workers.training import lora
 
     if lora.is_adapted(model):
         yield from lora.adapter_tensors(model)

@@ -25,11 +25,13 @@ import torch
 
 from distrl import checkpoint
 from distrl.config import FSDPStrategy, LearnerConfig, ModelConfig
-from distrl.workers import dist, export, lora, sharding
-from distrl.workers.hf_export import HFCopy, HFExport, save_tokenizer
-from distrl.workers.mixed_precision import CastOncePerForward
-from distrl.workers.model import DTYPES, load_causal_lm, resolve_model_path
-from distrl.workers.sharding.load import aliases
+from distrl.workers.model_files import DTYPES, resolve_model_path
+from distrl.workers.training import dist, lora, sharding
+from distrl.workers.training.mixed_precision import CastOncePerForward
+from distrl.workers.training.model import load_causal_lm
+from distrl.workers.training.sharding.load import aliases
+from distrl.workers.weights import export
+from distrl.workers.weights.hf_export import HFCopy, HFExport, save_tokenizer
 
 SHARDS = "shards"
 """The subdirectory of a sharded trainer's part that holds the model and optimizer shards (`sharding.save`)."""
@@ -119,7 +121,7 @@ class Replicated:
 
 class Sharded(Replicated):
     """FSDP2 over the learners' process group: parameters, gradients and AdamW state sharded (see
-    `distrl.workers.sharding`)."""
+    `distrl.workers.training.sharding`)."""
 
     name = "fsdp"
     sharded = True

@@ -1,0 +1,2 @@
+"""The weights that cross from the learners to the engines and checkpoints: export in buckets, fingerprints, NCCL,
+the HF copy."""
