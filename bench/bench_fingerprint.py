@@ -42,7 +42,8 @@ def main() -> None:
     from distrl.workers.rollout.worker import RolloutWorker
     from distrl.workers.tiny_model import make_tiny_model
     from distrl.workers.training.model import load_causal_lm
-    from distrl.workers.weights.fingerprint import first_mismatch, of_tensors, served_fingerprint
+    from distrl.workers.weights.fingerprint import first_mismatch, of_tensors
+    from distrl.workers.weights.pieces import BucketParts
 
     model_dir = make_tiny_model(tempfile.mkdtemp() + "/model", hidden_size=args.hidden, num_layers=args.layers)
     cfg = from_dict({"model": {"path": str(model_dir)}, "data": {"path": "unused"},
@@ -55,9 +56,9 @@ def main() -> None:
     with torch.no_grad():
         bucket = {k: v.to(dtype) for k, v in state.items()}
     expected = of_tensors(state.items(), dtype)
-    assert first_mismatch(expected, engine.llm.apply_model(served_fingerprint)[0]) is None
-    reload = median_seconds(lambda: engine.load_weights(1, [bucket]), args.repeat)
-    served = median_seconds(lambda: engine.llm.apply_model(served_fingerprint), args.repeat)
+    assert first_mismatch(expected, engine.llm.collective_rpc("distrl_fingerprint")[0]) is None
+    reload = median_seconds(lambda: engine.load_weights(1, [BucketParts.whole(bucket)]), args.repeat)
+    served = median_seconds(lambda: engine.llm.collective_rpc("distrl_fingerprint"), args.repeat)
     sent = median_seconds(lambda: of_tensors(learner.state_dict().items(), dtype), args.repeat)
     print(f"model: {params / 1e6:.1f}M parameters, {len(state)} tensors, rollout dtype {args.dtype}, "
           f"{torch.get_num_threads()} threads")

@@ -26,14 +26,15 @@ from distrl.workers.model_files import DTYPES, load_tokenizer
 from distrl.workers.rollout.sampling import eval_sampling, request_seed
 from distrl.workers.training import lora as adapters
 from distrl.workers.training.model import load_causal_lm
-from distrl.workers.weights.fingerprint import Fingerprint, check, of_tensors
+from distrl.workers.weights.fingerprint import Fingerprint, Region, add, check, of_tensors
+from distrl.workers.weights.pieces import BucketParts, assemble
 
 
 class HFRolloutWorker:
     def __init__(self, cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, seed: int,
                  num_gpus: float = 0.0, environment: EnvConfig | None = None, envs: EnvClient | None = None,
                  max_restarts: int = 0, address: Any = None, max_new_tokens: int | None = None,
-                 lora: LoraConfig | None = None):
+                 lora: LoraConfig | None = None, exit_when_lost: bool = False):
         self.cfg, self.lora = cfg, lora
         self.model = load_causal_lm(model, "float32")
         if lora is not None:  # the pushed adapters on the frozen base, as vLLM serves them
@@ -107,8 +108,8 @@ class HFRolloutWorker:
                    for p, g in zip(prompts, groups, strict=True) for j in range(n)]
         return as_rollouts(results, groups, n, self.policy_version)
 
-    def load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
-        state = {name: t.float() for bucket in buckets for name, t in bucket.items()}
+    def load_weights(self, version: int, buckets: Iterable[BucketParts]) -> int:
+        state = {name: t.float() for bucket in buckets for name, t in assemble(bucket).items()}
         if self.lora is not None:
             from peft import set_peft_model_state_dict
 
@@ -118,11 +119,16 @@ class HFRolloutWorker:
         self.policy_version = version
         return version
 
-    def check_weights(self, version: int, expected: Fingerprint, name: str) -> int:
+    def _served(self) -> Iterable[tuple[str, torch.Tensor]]:
         dtype = DTYPES[self.cfg.dtype]
-        served = (adapters.served_tensors(adapters.adapter_tensors(self.model), dtype, self.lora.scaling)
-                  if self.lora is not None else self.model.state_dict().items())
-        check(expected, of_tensors(served, dtype), name, version)
+        return (adapters.served_tensors(adapters.adapter_tensors(self.model), dtype, self.lora.scaling)
+                if self.lora is not None else self.model.state_dict().items())
+
+    def weight_regions(self) -> dict[str, list[Region]]:
+        return {name: [None] for name, _ in self._served()}  # one worker, every tensor whole
+
+    def check_weights(self, version: int, name: str, *expected: Fingerprint) -> int:
+        check(add(expected), of_tensors(self._served(), DTYPES[self.cfg.dtype]), name, version)
         return version
 
 

@@ -14,6 +14,7 @@ from distrl.cluster.producer import default_chunk
 from distrl.driver import train
 from distrl.workers.rewards import RewardError
 from distrl.workers.weights.fingerprint import WeightMismatch
+from distrl.workers.weights.pieces import BucketParts, Pieces, assemble
 from tests.dying_rollout import dying
 from tests.hf_rollout import HFRolloutWorker
 
@@ -239,12 +240,14 @@ class DropsATensor(HFRolloutWorker):
     """An engine whose weight loading silently leaves one tensor as it was."""
 
     def load_weights(self, version, buckets):
-        kept = [{k: v for k, v in b.items() if k != "model.layers.1.mlp.up_proj.weight"} for b in buckets]
+        dropped = "model.layers.1.mlp.up_proj.weight"
+        kept = [BucketParts([(n, s) for n, s in b.spec if n != dropped],
+                            [Pieces.whole({k: v for k, v in assemble(b).items() if k != dropped})]) for b in buckets]
         return super().load_weights(version, kept)
 
 
 def test_an_engine_that_serves_other_weights_than_those_pushed_ends_the_run_naming_both(tmp_path, tiny_model_dir):
-    with pytest.raises(WeightMismatch, match=r"^rollout-0 serves weights other than learner 0's after loading "
+    with pytest.raises(WeightMismatch, match=r"^rollout-0 serves weights other than the learners' after loading "
                                              r"version \d+: model\.layers\.1\.mlp\.up_proj\.weight differs .*; 1 of "
                                              r"\d+ tensors differ"):
         train(local_config(tmp_path, tiny_model_dir), rollout_worker=DropsATensor)

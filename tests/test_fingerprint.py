@@ -3,7 +3,18 @@
 import pytest
 import torch
 
-from distrl.workers.weights.fingerprint import SAMPLE_COLUMNS, columns, first_mismatch, of_sample, of_tensors, sample
+from distrl.workers.weights.fingerprint import (
+    SAMPLE_COLUMNS,
+    add,
+    columns,
+    first_mismatch,
+    key,
+    of_blocks,
+    of_rows,
+    of_sample,
+    of_tensors,
+    sample,
+)
 
 
 def splitmix64_top16(i: int) -> int:
@@ -76,3 +87,47 @@ def test_the_fingerprint_is_of_the_weights_as_sent_in_the_rollout_dtype():
     weight = torch.tensor([[1.0 + 2**-12, 1.0]])  # bfloat16 keeps 8 bits of mantissa: 1 + 2**-12 rounds to 1
     assert of_tensors([("w", weight)], torch.bfloat16) == of_tensors([("w", torch.ones(1, 2))], torch.bfloat16)
     assert of_tensors([("w", weight)], torch.float32) != of_tensors([("w", torch.ones(1, 2))], torch.float32)
+
+
+# ------------------------------------------------------------------------- regions and the learners' parts of them
+# Position weights of a sample's positions 0..3 (the hashes of the first test): 1 + top16 / 65536.
+W = [1.0, 1 + 22162 / 65536, 1 + 56274 / 65536, 1 + 7763 / 65536]
+T = torch.tensor([[1.0, 2.0], [3.0, -4.0], [5.0, 6.0]])
+
+
+def test_a_region_of_rows_is_fingerprinted_as_a_tensor_of_its_own():
+    # Rows 1-2 of T, [[3, -4], [5, 6]], sampled at positions 0..3: 3 w0 - 4 w1 + 5 w2 + 6 w3.
+    checksum, scale = of_rows(T, 0, 3, (0, 1, 2))
+    assert checksum == pytest.approx(3 * W[0] - 4 * W[1] + 5 * W[2] + 6 * W[3], rel=1e-15)
+    assert scale == pytest.approx(3 * W[0] + 4 * W[1] + 5 * W[2] + 6 * W[3], rel=1e-15)
+    assert (checksum, scale) == of_sample(sample(T[1:3]))  # what a worker holding those rows computes
+    assert key("w", (0, 1, 2)) == "w[0:1:2]" and key("w", None) == "w"
+
+
+def test_a_block_of_rows_holds_its_part_of_a_region_and_the_parts_add_up():
+    # A learner holding row 2 alone: 5 w2 + 6 w3 (row 2 is the region's second row); one holding row 0: nothing.
+    assert of_rows(T[2:], 2, 3, (0, 1, 2)) == pytest.approx((5 * W[2] + 6 * W[3], 5 * W[2] + 6 * W[3]), rel=1e-15)
+    assert of_rows(T[:1], 0, 3, (0, 1, 2)) == (0.0, 0.0)
+    whole = of_sample(sample(T))
+    parts = [of_rows(T[:2], 0, 3, None), of_rows(T[2:], 2, 3, None)]
+    assert sum(p[0] for p in parts) == pytest.approx(whole[0], rel=1e-15)
+    assert of_rows(T, 0, 3, None) == whole  # one block of every row: exactly the whole tensor's
+
+
+def test_a_region_of_columns_is_every_rows_block_of_those_columns():
+    # Column 1 of T, [[2], [-4], [6]], sampled at positions 0, 1, 2 (one column): 2 w0 - 4 w1 + 6 w2.
+    checksum, _ = of_rows(T, 0, 3, (1, 1, 1))
+    assert checksum == pytest.approx(2 * W[0] - 4 * W[1] + 6 * W[2], rel=1e-15)
+    split = [of_rows(T[:1], 0, 3, (1, 1, 1)), of_rows(T[1:], 1, 3, (1, 1, 1))]
+    assert split[0][0] == pytest.approx(2 * W[0]) and split[1][0] == pytest.approx(-4 * W[1] + 6 * W[2])
+
+
+def test_the_learners_blocks_give_the_fingerprint_of_every_region_asked_for():
+    regions = {"w": [(0, 0, 2), (0, 2, 1)], "b": [None]}
+    learner0 = of_blocks([("w", T[:2], 0, 3), ("b", torch.tensor(7.0), 0, 1)], regions, torch.float32)
+    learner1 = of_blocks([("w", T[2:], 2, 3), ("unasked", T, 0, 3)], regions, torch.float32)
+    total = add([learner0, learner1])
+    assert set(total) == {"w[0:0:2]", "w[0:2:1]", "b"}
+    assert total["w[0:0:2]"] == of_sample(sample(T[:2])) and total["w[0:2:1]"] == of_sample(sample(T[2:]))
+    assert total["b"] == of_sample(sample(torch.tensor([7.0])))  # a 0-dim tensor is one row
+    assert of_blocks([("w", T, 0, 3)], None, torch.float32) == {"w": of_sample(sample(T))}  # TP 1: whole tensors

@@ -20,6 +20,7 @@ from distrl.workers.rollout.engine_loop import EngineLoop
 from distrl.workers.rollout.worker import RolloutWorker
 from distrl.workers.training.learner import Learner
 from distrl.workers.training.reference import ReferenceWorker
+from distrl.workers.weights.pieces import BucketParts, Pieces, assemble
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,7 +202,7 @@ class FakeParts(FakeEngine):
         self.calls.append(("fingerprint",))
         return {"w": 1.0}
 
-    def check_weights(self, load: int, expected: dict, name: str) -> int:
+    def check_weights(self, load: int, name: str, *expected: dict) -> int:
         self.calls.append(("check", load))
         return load
 
@@ -225,7 +226,7 @@ def test_a_push_is_checked_with_the_engine_awake(no_cuda_sync, level):
     worker.run("learner", "update")  # the engine sleeps for the update
     served = worker.push(1)
     expected = worker.run("learner", "weights_fingerprint", "float32")
-    worker.run("rollout", "check_weights", served, expected, "hybrid-0")
+    worker.run("rollout", "check_weights", served, "hybrid-0", expected)
     assert parts.calls == [("sleep", level), ("wake_up", "weights"), ("load", 1, 1), ("fingerprint",),
                            ("wake_up", "kv_cache"), ("check", 1)]
 
@@ -324,13 +325,14 @@ def test_a_hybrid_push_that_loads_other_weights_fails_its_check(tmp_path, tiny_m
 
     def corrupted(self, specs):
         for i, bucket in enumerate(buckets(self, specs)):
-            name = next(iter(bucket))
+            tensors = assemble(bucket)
+            name = next(iter(tensors))
             scale = 1.5 if i == 0 and self.learner.weights_version() > 0 else 1.0
-            yield {**bucket, name: bucket[name] * scale}
+            yield BucketParts(bucket.spec, [Pieces.whole({**tensors, name: tensors[name] * scale})])
 
     monkeypatch.setattr(hybrid.HybridWorker, "_buckets", corrupted)
     cfg = quickstart(f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path}", "run.progress=false",
                      "run.tensorboard=false", "cluster.backend=local", "run.steps=2", "run.checkpoint_at_end=false",
                      "cluster.colocate=hybrid")
-    with pytest.raises(WeightMismatch, match=r"serves weights other than learner 0's after loading version 1"):
+    with pytest.raises(WeightMismatch, match=r"serves weights other than the learners' after loading version 1"):
         train(cfg)

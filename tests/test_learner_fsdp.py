@@ -18,6 +18,9 @@ from distrl import checkpoint
 from distrl.config import FSDPStrategy, ReplicateStrategy
 from distrl.merging import values
 from distrl.types.batches import TrainBatch
+from distrl.workers.weights.export import Bucket
+from distrl.workers.weights.fingerprint import add, first_mismatch, of_blocks
+from distrl.workers.weights.pieces import BucketParts, Pieces, assemble
 
 UPDATES = 2
 SETTINGS = {"lr": 1e-3, "micro_batch_size": 2}
@@ -44,7 +47,14 @@ def scenario(rank: int, world: int, port: int, model_dir: Path, out: Path, shard
         written: list = [None] * world
         torch.distributed.all_gather_object(written, learner.save_checkpoint(str(out / "step_000002.tmp" / "policy"),
                                                                              "float32"))
-        saved = {"written": written}
+        # What each learner sends of a push, and its part of the fingerprint of the regions TP 2 workers hold.
+        (everything,) = learner.weight_specs(2**40, "float32")
+        pieces: list = [None] * world
+        torch.distributed.all_gather_object(pieces, learner.weight_pieces(everything, "float32"))
+        parts: list = [None] * world
+        torch.distributed.all_gather_object(parts, learner.weights_fingerprint("float32", PUSH_REGIONS))
+        blocks = [{name: (p.rows[name], torch.as_tensor(p.tensors[name])) for name in p.tensors} for p in pieces]
+        saved = {"written": written, "push": (everything, blocks, parts)}
     return {"losses": torch.tensor(losses), **saved, **full_weights(learner)}
 
 
@@ -100,11 +110,18 @@ def test_two_learners_on_an_uneven_batch_train_as_one_learner_on_all_of_it(tiny_
     assert_same_training(result, [f["loss/policy"] for f in figs], full_weights(single))
 
 
+PUSH_REGIONS = {"model.embed_tokens.weight": [(0, 0, 256), (0, 256, 256)],
+                "model.layers.0.self_attn.o_proj.weight": [(1, 0, 64), (1, 64, 64)],
+                "model.norm.weight": [None]}
+"""Regions of a few tensors as an engine at TP 2 holds them: vocabulary halves, row-parallel column halves, whole."""
+
+
 @pytest.fixture(scope="module")
 def two_sharded(tiny_model_dir, tmp_path_factory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("learner_fsdp")
     tmp = checkpoint.begin(out / "step_000002")  # as the driver does before asking the learners
     result = _spawn("test_learner_fsdp:scenario", tiny_model_dir, out)
+    result["push"] = result.pop("push")  # kept apart from the weights
     return result, checkpoint.finish(tmp, {"step": 2}, {"policy": result.pop("written")})
 
 
@@ -124,7 +141,28 @@ def assert_same_training(result: dict, losses: list[float], weights: dict[str, t
 
 
 def test_two_sharded_learners_train_as_one_replicated_learner(two_sharded, tiny_model_dir):
-    assert_same_training(dict(two_sharded[0]), *single_learner_run(tiny_model_dir))
+    result = dict(two_sharded[0])
+    result.pop("push")
+    assert_same_training(result, *single_learner_run(tiny_model_dir))
+
+
+def test_each_sharded_learner_sends_its_own_rows_and_fingerprints_them(two_sharded):
+    """A push from two FSDP learners: each sends its own block of every tensor (about half the model, nothing
+    gathered), the engine's assembly gives the full weights exactly, and the learners' fingerprint parts add up to
+    the fingerprint of the full weights, region by region."""
+    result = dict(two_sharded[0])
+    spec, blocks, parts = result.pop("push")
+    pieces = [Pieces(Bucket({n: t for n, (_, t) in b.items()}), {n: row for n, (row, _) in b.items()}) for b in blocks]
+    weights = {name: result[name] for name, _ in spec}
+    total = sum(t.numel() * t.element_size() for t in weights.values())
+    assert all(0.45 * total < p.nbytes < 0.55 * total for p in pieces), [p.nbytes / total for p in pieces]
+    assembled = assemble(BucketParts(spec, pieces))
+    assert all(torch.equal(assembled[name], weights[name]) for name in weights)
+    whole = of_blocks(((n, t, 0, t.shape[0]) for n, t in weights.items()), PUSH_REGIONS, torch.float32)
+    assert set(whole) == {"model.embed_tokens.weight[0:0:256]", "model.embed_tokens.weight[0:256:256]",
+                          "model.layers.0.self_attn.o_proj.weight[1:0:64]",
+                          "model.layers.0.self_attn.o_proj.weight[1:64:64]", "model.norm.weight"}
+    assert first_mismatch(whole, add(parts)) is None
 
 
 def test_sharded_learners_under_a_token_budget_keep_in_lockstep(tiny_model_dir, tmp_path):

@@ -138,6 +138,20 @@ def test_each_problem_names_its_field(tiny_model_dir, toy_dataset, tmp_path, sec
     assert re.search(expected, found[0]), found[0]
 
 
+def test_an_engine_over_workers_that_cannot_split_the_model_is_refused(tiny_model_dir, toy_dataset, tmp_path):
+    # The tiny model: 4 attention heads, 4 key/value heads, intermediate_size 512. Three workers split none of them;
+    # two split all; eight hold half a head each.
+    assert problems(make_cfg(tiny_model_dir, toy_dataset, tmp_path, rollout={"tensor_parallel_size": 3})) == [
+        f"rollout.tensor_parallel_size (3) must divide the attention heads of {tiny_model_dir} (4): each of the "
+        f"engine's workers holds a whole number of heads",
+        f"rollout.tensor_parallel_size (3) and the 4 key/value heads of {tiny_model_dir}: one must divide the "
+        f"other (fewer heads than workers are replicated over them)",
+        f"rollout.tensor_parallel_size (3) must divide intermediate_size of {tiny_model_dir} (512): each worker "
+        f"holds an equal block of every MLP"]
+    check(make_cfg(tiny_model_dir, toy_dataset, tmp_path, rollout={"tensor_parallel_size": 2}))
+    assert len(problems(make_cfg(tiny_model_dir, toy_dataset, tmp_path, rollout={"tensor_parallel_size": 8}))) == 1
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
 def test_an_unwritable_output_dir(tiny_model_dir, toy_dataset, tmp_path):
     locked = tmp_path / "locked"

@@ -1,7 +1,8 @@
 """Weight pushes stream into the engines and have a time limit.
 
 - An engine takes in one bucket at a time, as its reload reaches it, over the object store and over NCCL (a fake
-  communicator on CPU): the previous bucket is gone before the next one is fetched or received.
+  communicator on CPU): the previous bucket is gone before the next one is fetched or received. Each bucket reaches
+  the engine as every learner's pieces of it, which it assembles.
 - A load that fails midway leaves the engine refusing work; one that never finishes, or an NCCL broadcast that a dead
   or hung peer holds up, ends the run naming who did not finish, instead of a wait without end.
 """
@@ -19,16 +20,20 @@ from distrl.cluster.backend import ActorLost, Done, LocalBackend
 from distrl.cluster.group import LocalGroup
 from distrl.cluster.weight_sync import NcclSync, ObjectStoreSync, StreamedBuckets
 from distrl.workers.rollout.engine_loop import EngineLoop
+from distrl.workers.rollout.engine_weights import EngineWeights
 from distrl.workers.rollout.worker import RolloutWorker, Served, UnusableEngine
+from distrl.workers.rollout.worker_extension import EngineWorker
 from distrl.workers.weights import nccl
+from distrl.workers.weights.export import Bucket
+from distrl.workers.weights.pieces import BucketParts, Pieces, assemble
 
 
 class FakeLearner:
     def weight_specs(self, bucket_bytes: int, dtype: str) -> list:
         return [[("w", (2,))]]
 
-    def weight_bucket(self, spec: list, dtype: str) -> dict[str, torch.Tensor]:
-        return {"w": torch.zeros(2)}
+    def weight_pieces(self, spec: list, dtype: str) -> Pieces:
+        return Pieces.whole({"w": torch.zeros(2)})
 
 
 class FakeEngine:
@@ -78,20 +83,25 @@ def count(alive: Alive) -> int:
 
 
 class FakeLLM:
-    """Stands for `vllm.LLM` in a RolloutWorker: its reload copies each tensor into its own weights and lets go of
-    it."""
+    """Stands for `vllm.LLM` with one worker (`worker_extension.EngineWorker`'s calls) in a RolloutWorker: its reload
+    copies each tensor of a bucket into its own weights and lets go of it."""
 
     def __init__(self, fail_after: int | None = None):
         self.weights: dict[str, torch.Tensor] = {}
         self.fail_after = fail_after
+        self.calls: list[str] = []
 
-    def collective_rpc(self, method: str, kwargs: dict) -> list:
-        assert method == "reload_weights" and kwargs["is_checkpoint_format"]
-        for name, tensor in kwargs["weights_iterator"]:  # (enumerate would keep the last pair alive)
-            if len(self.weights) == self.fail_after:
-                raise RuntimeError("the reload failed")
-            self.weights[name] = tensor.clone()
-            del tensor  # as vLLM's loader does once a layer is processed
+    def collective_rpc(self, method: str, args: tuple = ()) -> list:
+        self.calls.append(method)
+        if method == "distrl_load":
+            (bucket,) = args
+            for name, tensor in bucket.items():  # (enumerate would keep the last pair alive)
+                if len(self.weights) == self.fail_after:
+                    raise RuntimeError("the reload failed")
+                self.weights[name] = tensor.clone()
+                del tensor  # as vLLM's loader does once a layer is processed
+            return [0]
+        assert method in ("distrl_begin_reload", "distrl_finish_reload"), method
         return [None]
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> None:
@@ -103,6 +113,7 @@ def worker(llm: FakeLLM) -> RolloutWorker:
     engine = RolloutWorker.__new__(RolloutWorker)
     engine.engine = EngineLoop(lambda: llm)
     engine.llm, engine.served, engine._torn, engine.on_gpu, engine.lora = llm, Served(), None, False, None
+    engine.weights = EngineWeights(llm, 1, None)
     engine.stepper = SimpleNamespace(in_flight=0)
     return engine
 
@@ -112,14 +123,13 @@ def bucket(i: int, per_bucket: int) -> dict[str, torch.Tensor]:
     return {f"b{i}.t{j}": torch.full((3,), 10.0 * i + j) for j in range(per_bucket)}
 
 
-def made_one_by_one(alive: Alive, buckets: int, per_bucket: int, peaks: list[int]
-                    ) -> Iterator[dict[str, torch.Tensor]]:
-    """The buckets, each made only when asked for (as a fetch from the object store is), its tensors tracked; once
-    each is made, how many tracked tensors are alive goes into `peaks`."""
+def made_one_by_one(alive: Alive, buckets: int, per_bucket: int, peaks: list[int]) -> Iterator[BucketParts]:
+    """The buckets, each made only when asked for (as a fetch from the object store is), held whole by one learner,
+    its tensors tracked; once each is made, how many tracked tensors are alive goes into `peaks`."""
     for i in range(buckets):
         made = {name: tracked(t, alive) for name, t in bucket(i, per_bucket).items()}
         peaks.append(count(alive))
-        yield made
+        yield BucketParts([(name, (3,)) for name in made], [Pieces.whole(made)])
         del made
 
 
@@ -146,8 +156,8 @@ def test_the_object_store_push_hands_each_engine_the_buckets_to_fetch_one_by_one
         def weight_specs(self, bucket_bytes: int, dtype: str) -> list:
             return [[("b0.t0", (3,)), ("b0.t1", (3,))], [("b1.t0", (3,)), ("b1.t1", (3,))]]
 
-        def weight_bucket(self, spec: list, dtype: str) -> dict[str, torch.Tensor]:
-            return bucket(int(spec[0][0][1]), 2)
+        def weight_pieces(self, spec: list, dtype: str) -> Pieces:
+            return Pieces.whole(bucket(int(spec[0][0][1]), 2))
 
     llms = [FakeLLM(), FakeLLM()]
     learners = LocalGroup("learner", backend, lambda i, incarnation: Learner2(), 1)
@@ -157,9 +167,26 @@ def test_the_object_store_push_hands_each_engine_the_buckets_to_fetch_one_by_one
         assert {name: t[0].item() for name, t in llm.weights.items()} == {
             name: v for name, v in SENT.items() if name < "b2"}
 
-    failed = StreamedBuckets([Done({"a": torch.zeros(1)}), Done(error=ActorLost("learner 0 died"))])
+    failed = StreamedBuckets([[Done(Pieces.whole({"a": torch.zeros(1)}))], [Done(error=ActorLost("learner 0 died"))]],
+                             [[("a", (1,))], [("b", (1,))]])
     with pytest.raises(ActorLost, match="learner 0 died"):
         list(failed)
+
+
+def test_an_engine_assembles_each_tensor_from_every_learners_rows():
+    """Two sharded learners each send their own block of rows (learner 1 none of a one-row tensor); the engine loads
+    the full tensors. Rows that overlap or leave a gap are refused, naming the tensor."""
+    llm = FakeLLM()
+    full = {"w": torch.arange(15.0).reshape(5, 3), "b": torch.tensor([7.0])}
+    spec = [("w", (5, 3)), ("b", (1,))]
+    parts = [Pieces(Bucket(w=full["w"][:3], b=full["b"]), {"w": 0, "b": 0}), Pieces(Bucket(w=full["w"][3:]), {"w": 3})]
+    assert worker(llm).load_weights(1, [BucketParts(spec, parts)]) == 1
+    assert torch.equal(llm.weights["w"], full["w"]) and torch.equal(llm.weights["b"], full["b"])
+    overlapping = [Pieces(Bucket(w=full["w"][:3]), {"w": 0}), Pieces(Bucket(w=full["w"][2:]), {"w": 2})]
+    with pytest.raises(ValueError, match=r"w: the learners' pieces do not tile its 5 rows"):
+        assemble(BucketParts(spec[:1], overlapping))
+    with pytest.raises(ValueError, match=r"w: the learners sent 3 of its 5 rows"):
+        assemble(BucketParts(spec[:1], overlapping[:1]))
 
 
 def test_a_load_that_fails_midway_leaves_an_engine_that_refuses_work():
@@ -169,23 +196,11 @@ def test_a_load_that_fails_midway_leaves_an_engine_that_refuses_work():
     assert engine.version() == 0  # version 5 was never served
     why = r"this rollout engine cannot serve: loading the weights of version 5 failed midway: .*; it must be replaced"
     calls: list[Callable[[], Any]] = [lambda: engine.generate([], []), lambda: engine.score([[1, 2]], 1),
-                                      lambda: engine.check_weights(5, {}, "rollout-0"),
+                                      lambda: engine.check_weights(5, "rollout-0", {}),
                                       lambda: engine.load_weights(6, [])]
     for call in calls:
         with pytest.raises(UnusableEngine, match=why):
             call()
-
-
-class Stops(FakeLLM):
-    def collective_rpc(self, method: str, kwargs: dict) -> list:
-        next(iter(kwargs["weights_iterator"]))
-        return [None]
-
-
-def test_a_reload_that_stops_before_the_last_tensor_is_an_error():
-    engine = worker(Stops())
-    with pytest.raises(RuntimeError, match="reload of version 1 stopped before the last tensor"):
-        engine.load_weights(1, [{"a": torch.zeros(1), "b": torch.zeros(1)}])
 
 
 class Sender:
@@ -217,17 +232,34 @@ class Receiver:
         tensor.copy_(next(self.sent))
 
 
+class ReceivingWorker(EngineWorker):
+    """An engine's worker process (its distrl methods) over a fake model: a reload copies each bucket's tensors."""
+
+    def __init__(self, receiver: Receiver):
+        self._distrl_nccl, self._distrl_device, self.weights = receiver, torch.device("cpu"), {}
+
+    def distrl_begin_reload(self) -> None:
+        pass
+
+    def distrl_load(self, bucket: Any) -> int:
+        self.weights.update((name, t.clone()) for name, t in bucket.items())
+        return 0
+
+    def distrl_finish_reload(self) -> None:
+        pass
+
+
 def test_an_nccl_push_receives_each_bucket_when_the_reload_reaches_it():
     specs = [[(f"b{i}.t{j}", (3,)) for j in range(2)] for i in range(3)]
     sender = Sender()
     for i in range(3):
         nccl.send_bucket(sender, bucket(i, 2), torch.device("cpu"))
     assert [t.tolist() for t in sender.sent][1] == [10.0] * 3 + [11.0] * 3  # a bucket travels flat
-    llm = FakeLLM()
-    engine = worker(llm)
-    engine._nccl, engine._nccl_device = receiver, _ = Receiver(sender.sent), torch.device("cpu")
-    assert engine.nccl_receive(3, specs, "float32") == 3
-    assert {name: t.tolist() for name, t in llm.weights.items()} == {name: [float(v)] * 3 for name, v in SENT.items()}
+    receiver = Receiver(sender.sent)
+    engine_worker = ReceivingWorker(receiver)
+    engine_worker.distrl_nccl_receive(specs, "float32")
+    assert {name: t.tolist() for name, t in engine_worker.weights.items()} == {
+        name: [float(v)] * 3 for name, v in SENT.items()}
     # One received buffer at a time: bucket 0's was freed before bucket 1's was allocated (receiving all buckets
     # before loading gives [1, 2, 3]; holding on to the last one, [1, 2, 2]).
     assert receiver.peaks == [1, 1, 1]
@@ -291,13 +323,14 @@ class WorldEngine:
         return version
 
 
-def nccl_world(journal: Journal, engines: int = 2, backend: LocalBackend | None = None, starting=lambda i: 0
-               ) -> tuple[NcclSync, LocalGroup]:
+def nccl_world(journal: Journal, engines: int = 2, backend: LocalBackend | None = None, starting=lambda i: 0,
+               workers: int = 1) -> tuple[NcclSync, LocalGroup]:
     backend = backend or LocalBackend()
     learners = LocalGroup("learner", backend, lambda i, incarnation: WorldLearner(journal), 1)
     rollouts = LocalGroup("rollout", backend, lambda i, incarnation: WorldEngine(
         journal, f"rollout-{i}" + (f"#{incarnation}" if incarnation else ""), starting(i)), engines)
-    return NcclSync(learners, rollouts, "bfloat16", 2**20, timeout_s=1234.0, verify=False), rollouts
+    return NcclSync(learners, rollouts, "bfloat16", 2**20, timeout_s=1234.0, verify=False,
+                    workers_per_engine=workers), rollouts
 
 
 def test_the_nccl_world_forms_only_once_every_engine_is_constructed():
@@ -310,6 +343,16 @@ def test_the_nccl_world_forms_only_once_every_engine_is_constructed():
     assert journal.of("connect") == [
         ("learner-0", ("127.0.0.1", 29500, 0, 4, 1234.0)),
         *[(f"rollout-{i}", ("127.0.0.1", 29500, i + 1, 4, 1234.0)) for i in range(3)]]
+
+
+def test_each_worker_of_a_tensor_parallel_engine_is_a_rank_of_the_world():
+    """Three engines of two workers each: learner 0 is rank 0, engine i's workers ranks 1 + 2i and 2 + 2i (each
+    engine is told its first; its workers add their own rank in the engine), a world of 7."""
+    journal = Journal()
+    nccl_world(journal, engines=3, workers=2)
+    assert journal.of("connect") == [
+        ("learner-0", ("127.0.0.1", 29500, 0, 7, 1234.0)),
+        *[(f"rollout-{i}", ("127.0.0.1", 29500, 1 + 2 * i, 7, 1234.0)) for i in range(3)]]
 
 
 def test_an_engine_that_does_not_start_in_time_names_itself_before_any_rank_connects():

@@ -168,7 +168,7 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
                                 concurrency=EPISODES_PER_ACTOR, self_restarts=c.recovery.max_restarts)
         groups.append(env_group)
         envs = env_client(env_group)
-    inits = RoleInits(cfg, envs)
+    inits = RoleInits(cfg, envs, own_processes=isinstance(backend, RayBackend))
     reference: ActorGroup[ReferenceWorker] | None = None
     if c.hybrid_mode:
         hybrids = start_group(
@@ -221,7 +221,8 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
         gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
         # Adapters (learner.lora) are megabytes: the object store carries them on GPUs too.
         sync = make_weight_sync(c.weight_sync, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes,
-                                gpus and cfg.learner.lora is None, c.sync_timeout_s, c.verify_weights)
+                                gpus and cfg.learner.lora is None, c.sync_timeout_s, c.verify_weights,
+                                cfg.rollout.tensor_parallel_size)
     return Roles(backend, rollout, learner, reference, sync, critic)
 
 
@@ -232,6 +233,9 @@ class RoleInits:
 
     cfg: Config
     envs: Any
+    own_processes: bool = False
+    """Each worker runs in an actor process of its own (Ray): a rollout actor whose tensor-parallel engine lost a
+    worker process then ends, to be replaced like any dead engine."""
 
     def learner(self, i: int) -> tuple[tuple, dict]:
         cfg = self.cfg
@@ -245,7 +249,7 @@ class RoleInits:
             max_prompt_tokens=cfg.longest_prompt_tokens, max_new_tokens=cfg.longest_turn_tokens,
             seed=sampling_seed(cfg), num_gpus=num_gpus, environment=cfg.env, envs=self.envs,
             max_restarts=cfg.cluster.recovery.max_restarts, address=node_address, lora=cfg.learner.lora,
-            **({"sleep_mode": True} if sleep_mode else {}))
+            exit_when_lost=self.own_processes, **({"sleep_mode": True} if sleep_mode else {}))
 
     def reference(self, i: int, num_gpus: float) -> tuple[tuple, dict]:
         cfg = self.cfg

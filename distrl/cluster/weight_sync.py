@@ -1,15 +1,20 @@
 """Learner -> rollout weight sync, tagged with the policy version. Two transports behind one interface:
 
-`ObjectStoreSync` (CPU, or any cluster): learner 0 casts its weights to the rollout dtype bucket by bucket; each
-bucket is put in the Ray object store once and every rollout actor reads the same objects (one call per actor,
-not one per tensor). `NcclSync` (GPU): learner 0 broadcasts the buckets over a dedicated NCCL world.
+`ObjectStoreSync` (CPU, or any cluster): every learner casts the rows it holds to the rollout dtype, bucket by
+bucket (`Learner.weight_pieces`: a replica's learner 0 sends every tensor whole; sharded learners each send their
+own block, so that none sends or gathers the whole model); each piece is put in the Ray object store once and every
+rollout actor reads the same objects, assembling each bucket's tensors from the pieces (one call per actor, not one
+per tensor). An engine of k workers hands them each bucket through shared memory, each worker copying out its slice
+(`distrl.workers.rollout.engine_weights`). `NcclSync` (GPU): learner 0 broadcasts the buckets over a dedicated NCCL
+world to every worker of every engine.
 
 Either way an engine takes in one bucket at a time, as its in-place reload reaches it (`StreamedBuckets`,
 `nccl.receive_buckets`), so a push costs an engine one bucket beyond its steady state, plus the layer vLLM's reload
 is processing, not a copy of the model (on a GPU: outside vLLM's memory budget). docs/BENCHMARKS.md measures it.
 
-With `verify`, every load is followed by a check of the weights the engine then serves against learner 0's
-fingerprint of what it sent (`distrl.workers.weights.fingerprint`): a push resolves only once its weights are verified.
+With `verify`, every load is followed by a check of the weights each worker of the engine then serves against the
+learners' fingerprint of what they sent, region by region (`distrl.workers.weights.fingerprint`): a push resolves
+only once its weights are verified.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from distrl.cluster.group import ActorGroup, RayGroup
 from distrl.workers.model_files import DTYPES
 from distrl.workers.rollout.worker import RolloutWorker
 from distrl.workers.training.learner import Learner
+from distrl.workers.weights.export import Spec
+from distrl.workers.weights.fingerprint import Region
+from distrl.workers.weights.pieces import BucketParts
 
 
 @dataclass
@@ -69,6 +77,21 @@ class WeightSync(ABC):
                                          "learner 0's weight layout", timeout_s, "cluster.sync_timeout_s")
         item = torch.empty((), dtype=DTYPES[dtype]).element_size()
         self.total_bytes = item * sum(math.prod(shape) for spec in self.specs for _, shape in spec)
+        self.regions = self._regions() if verify else None
+
+    def _regions(self) -> dict[str, list[Region]]:
+        """The regions of the pushed tensors that the engines' workers hold (every engine has the same layout: one
+        is asked), which the learners fingerprint for each check. Every pushed tensor must be held by some worker."""
+        first = self.rollouts.active()[0]
+        regions: dict[str, list[Region]] = self.backend.answer(
+            self.rollouts.call(first, RolloutWorker.weight_regions), f"{self.rollouts.name(first)}'s weight layout",
+            self.timeout_s, "cluster.sync_timeout_s")
+        unheld = [name for spec in self.specs for name, _ in spec if name not in regions]
+        if unheld:
+            raise RuntimeError(f"weight sync: the engine serves no tensor named {unheld[0]} ({len(unheld)} of the "
+                               f"pushed tensors), so no check could tell whether it was loaded "
+                               f"(cluster.verify_weights=false turns the check off)")
+        return regions
 
     def push(self, version: int, skip: set[int] | frozenset[int] = frozenset()) -> SyncStats:
         return self.finish(self.start(version, skip))
@@ -122,10 +145,10 @@ class WeightSync(ABC):
         loads = self._load(version, to)
         if not self.verify or not to:
             return loads
-        # Asked right after the weights themselves: learner 0 takes calls in order, so no update comes between.
-        expected = self.learners.map(Learner.weights_fingerprint, self.dtype)[0]
+        # Asked right after the weights themselves: each learner takes calls in order, so no update comes between.
+        expected = self.learners.map(Learner.weights_fingerprint, self.dtype, self.regions)  # one part per learner
         # Each check takes its engine's load as an argument: it runs after the load, and a failed load fails it.
-        return [self.rollouts.call(i, RolloutWorker.check_weights, load, expected, self.rollouts.name(i))
+        return [self.rollouts.call(i, RolloutWorker.check_weights, load, self.rollouts.name(i), *expected)
                 for i, load in zip(to, loads, strict=True)]
 
     @abstractmethod
@@ -135,38 +158,42 @@ class WeightSync(ABC):
 
 @dataclass
 class StreamedBuckets:
-    """A push's buckets as the handles of learner 0's `weight_bucket` calls, handed to an engine's `load_weights`,
-    which fetches each one only when its reload reaches it.
+    """A push's buckets as the handles of every learner's `weight_pieces` calls (one list a bucket, `specs` its
+    layout), handed to an engine's `load_weights`, which fetches each bucket's pieces only when its reload reaches
+    it, as `BucketParts`.
 
     Ray resolves the ObjectRefs among a call's top-level arguments before the call runs, which would put every
     bucket, the whole model, in the engine's process at once; refs inside an argument travel as refs. So each
-    bucket is fetched (`ray.get`, in the engine's process) when iteration reaches it, and dropped once loaded; the
-    engine also starts loading while learner 0 is still casting later buckets. A local call's handle is already
-    resolved (`Done`). The worker sees only an iterable of buckets: Ray stays in this layer."""
+    bucket's pieces are fetched (`ray.get`, in the engine's process) when iteration reaches it, and dropped once
+    loaded; the engine also starts loading while the learners are still casting later buckets. A local call's
+    handle is already resolved (`Done`). The worker sees only an iterable of buckets: Ray stays in this layer."""
 
-    handles: list[Any]
+    handles: list[list[Any]]
+    specs: list[Spec]
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for handle in self.handles:
-            if isinstance(handle, Done):
-                if handle.error is not None:
-                    raise handle.error
-                yield handle.value
-            else:
-                import ray
+    def __iter__(self) -> Iterator[BucketParts]:
+        for spec, handles in zip(self.specs, self.handles, strict=True):
+            yield BucketParts(spec, [self._fetch(handle) for handle in handles])
 
-                yield ray.get(handle)
+    @staticmethod
+    def _fetch(handle: Any) -> Any:
+        if isinstance(handle, Done):
+            if handle.error is not None:
+                raise handle.error
+            return handle.value
+        import ray
+
+        return ray.get(handle)
 
 
 class ObjectStoreSync(WeightSync):
     def _load(self, version: Any, to: list[int]) -> list[Any]:
         if not to:  # every engine is being replaced: each loads the weights when it is ready
             return []
-        # Each bucket object is created once by learner 0 and read from shared memory by every rollout actor on
-        # the node, one bucket at a time (StreamedBuckets). Every learner takes part in each export call
-        # (`distrl.workers.weights.export`); learner 0's answer holds the bucket.
-        buckets = StreamedBuckets([self.learners.map(Learner.weight_bucket, spec, self.dtype)[0]
-                                   for spec in self.specs])
+        # Each learner's pieces of a bucket are put in the object store once and read from shared memory by every
+        # rollout actor on a node, one bucket at a time (StreamedBuckets).
+        buckets = StreamedBuckets([self.learners.map(Learner.weight_pieces, spec, self.dtype) for spec in self.specs],
+                                  self.specs)
         return [self.rollouts.call(i, RolloutWorker.load_weights, version, buckets) for i in to]
 
 
@@ -180,9 +207,10 @@ class Broadcast:
 
 
 class NcclSync(WeightSync):
-    """Learner 0 broadcasts each push to every engine over an NCCL world of its own: learner 0 is rank 0, the
-    active engines ranks 1, 2, ... in index order. One broadcast is in flight at a time: a push starts once the
-    previous one has ended.
+    """Learner 0 broadcasts each push to every worker of every engine over an NCCL world of its own: learner 0 is
+    rank 0, the active engines' workers ranks 1, 2, ... in index order (an engine of tensor-parallel size k takes k
+    consecutive ranks; each worker receives the whole bucket and its loaders keep its slice). One broadcast is in
+    flight at a time: a push starts once the previous one has ended.
 
     A dead engine is replaced (`push_one`): every rank drops its communicator and the world forms again, on a
     fresh port, with the new engine in the dead one's place; learner 0 then broadcasts its current weights to every
@@ -194,8 +222,9 @@ class NcclSync(WeightSync):
     skips_engines = False  # a broadcast needs every rank: an unreachable engine is replaced at once
 
     def __init__(self, learners: ActorGroup[Learner], rollouts: ActorGroup[RolloutWorker], dtype: str,
-                 bucket_bytes: int, timeout_s: float, verify: bool):
+                 bucket_bytes: int, timeout_s: float, verify: bool, workers_per_engine: int = 1):
         super().__init__(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
+        self.workers_per_engine = workers_per_engine
         self._sent: Any = None  # the handle of the broadcast `_load` submitted last, until it is recorded
         self._last: Broadcast | None = None  # the newest broadcast started
         self.members: dict[int, int] = {}  # engine index -> its incarnation, for each engine in the world
@@ -236,17 +265,18 @@ class NcclSync(WeightSync):
         return {i: self.rollouts.incarnations[i] for i in self.rollouts.active()}
 
     def _form_world(self) -> None:
-        """Learner 0 (rank 0) and every active engine (ranks 1, 2, ... in index order) make the NCCL world,
-        rendezvous at a free port of learner 0's node, each waiting at most `timeout_s` for the others (vLLM's
-        `store_timeout`); each drops the communicator of an earlier world."""
+        """Learner 0 (rank 0) and every active engine's workers (ranks 1, 2, ... in index order, k a engine) make
+        the NCCL world, rendezvous at a free port of learner 0's node, each waiting at most `timeout_s` for the
+        others (vLLM's `store_timeout`); each drops the communicator of an earlier world."""
         host = self.learners.node_ip(0)
         self.port = self.backend.answer(self.learners.call(0, Learner.free_port, host), "learner 0's free port",
                                         self.timeout_s, "cluster.sync_timeout_s")
         self.members = self._current()
-        world = len(self.members) + 1
+        k = self.workers_per_engine
+        world = len(self.members) * k + 1
         self.backend.answer([self.learners.call(0, Learner.nccl_connect, host, self.port, world, self.timeout_s),
-                             *[self.rollouts.call(i, RolloutWorker.nccl_connect, host, self.port, rank, world,
-                                                  self.timeout_s) for rank, i in enumerate(self.members, start=1)]],
+                             *[self.rollouts.call(i, RolloutWorker.nccl_connect, host, self.port, 1 + n * k, world,
+                                                  self.timeout_s) for n, i in enumerate(self.members)]],
                             "the NCCL weight-sync group's connection (learner 0 and every engine)", self.timeout_s,
                             "cluster.sync_timeout_s")
 
@@ -334,9 +364,9 @@ class NcclSync(WeightSync):
 
 
 def make_weight_sync(kind: str, learners, rollouts, dtype: str, bucket_bytes: int, gpus: bool,
-                     timeout_s: float, verify: bool) -> WeightSync:
+                     timeout_s: float, verify: bool, workers_per_engine: int = 1) -> WeightSync:
     """`kind` is cluster.weight_sync: auto picks NCCL when both roles have GPUs, in Ray actors (the local
     backend's roles share one process, hence one GPU)."""
     if kind == "nccl" or (kind == "auto" and gpus and isinstance(learners, RayGroup)):
-        return NcclSync(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)
+        return NcclSync(learners, rollouts, dtype, bucket_bytes, timeout_s, verify, workers_per_engine)
     return ObjectStoreSync(learners, rollouts, dtype, bucket_bytes, timeout_s, verify)

@@ -1,5 +1,6 @@
 """Checks that span sections, one function per concern, each given the sections it reads and returning its problems
-(one line each, naming every field involved): the critic's, hybrid mode's and `learner.lora`'s. `Config._cross_checks`
+(one line each, naming every field involved): the critic's, hybrid mode's, `learner.lora`'s and tensor-parallel
+engines'. `Config._cross_checks`
 runs them with its own and reports all at once."""
 
 from __future__ import annotations
@@ -59,6 +60,23 @@ def hybrid_problems(cluster: ClusterConfig, rollout: RolloutConfig, max_stalenes
                       f"'hybrid': a hybrid actor runs one call at a time, so a second chunk would wait for the "
                       f"first; its engine serves one chunk, whose episodes all share it at once (leave "
                       f"rollout.chunks_per_engine null, or raise rollout.chunk_prompts)")
+    return errors
+
+
+def tensor_parallel_problems(rollout: RolloutConfig, cluster: ClusterConfig) -> list[str]:
+    """An engine over k workers: on GPUs each rollout actor holds its k devices; hybrid actors hold one each."""
+    k = rollout.tensor_parallel_size
+    errors = []
+    if k > 1 and cluster.hybrid_mode:
+        errors.append(f"rollout.tensor_parallel_size {k} with cluster.colocate 'hybrid': a hybrid actor hosts an "
+                      f"engine on its learner's one device; use separate rollout actors (cluster.colocate false or "
+                      f"pack) for engines over several devices")
+    elif k > 1 and cluster.rollout.num_gpus > 0 and cluster.rollout.num_gpus != k:
+        errors.append(f"cluster.rollout.num_gpus ({cluster.rollout.num_gpus:g}) must be rollout.tensor_parallel_size "
+                      f"({k}): each rollout actor holds one engine over {k} GPUs of one node")
+    if rollout.expert_parallel and k == 1:
+        errors.append("rollout.expert_parallel spreads experts over the engine's workers: it needs "
+                      "rollout.tensor_parallel_size > 1")
     return errors
 
 

@@ -42,7 +42,13 @@ class RolloutConfig(Section):
     """Engine context length; null means data.max_prompt_tokens + sampling.max_new_tokens, or with an `env` section
     (multi-turn episodes) the model's own context length."""
     tensor_parallel_size: int = Field(default=1, gt=0)
-    """vLLM tensor parallelism per rollout actor (GPU only; each actor then needs that many GPUs)."""
+    """Worker processes of each rollout actor's engine (vLLM tensor parallelism, k): one engine serves the model
+    split k ways, so a model (and its KV cache) too big for one device fits on k. On GPUs each actor reserves its k
+    devices on one node (`cluster.rollout.num_gpus` = k); on CPU its k workers share its threads. Pushes reach every
+    worker, each taking only its slice, and each worker's weights are checked."""
+    expert_parallel: bool = False
+    """Mixture-of-experts policies: spread whole experts over the engine's k workers (vLLM's expert parallelism)
+    instead of cutting every expert k ways. Needs tensor_parallel_size > 1 and a GPU build of vLLM."""
     gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
     """Fraction of GPU memory vLLM may take (GPU only)."""
     kv_cache_bytes: int = Field(default=128 * 2**20, gt=0)

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from distrl.config.algorithm import GROUP_ESTIMATORS, AlgorithmConfig
 from distrl.config.base import Section
-from distrl.config.checks import critic_problems, hybrid_problems, lora_problems
+from distrl.config.checks import critic_problems, hybrid_problems, lora_problems, tensor_parallel_problems
 from distrl.config.cluster import ClusterConfig
 from distrl.config.env import EnvConfig
 from distrl.config.eval import EvalConfig
@@ -223,10 +223,7 @@ class Config(Section):
             errors.append(f"rollout.max_model_len ({self.rollout.max_model_len}) must be >= data.max_prompt_tokens "
                           f"+ rollout.sampling.max_new_tokens "
                           f"({self.data.max_prompt_tokens + self.rollout.sampling.max_new_tokens})")
-        if self.rollout.tensor_parallel_size > 1:
-            errors.append(f"rollout.tensor_parallel_size ({self.rollout.tensor_parallel_size}) > 1 is not supported "
-                          "yet: in-place weight updates need the engine inside the rollout actor's process; scale "
-                          "with cluster.rollout.num_actors instead")
+        errors += tensor_parallel_problems(self.rollout, self.cluster)
         s = self.rollout.sampling
         if self.algorithm.old_logprobs == "rollout" and (s.top_p < 1.0 or s.top_k > 0):
             errors.append("algorithm.old_logprobs 'rollout' with rollout.sampling.top_p < 1 or "
@@ -248,7 +245,9 @@ class Config(Section):
         if errors:
             raise ValueError("\n".join(errors))
         apart = not self.cluster.hybrid_mode  # hybrid actors host the engine and the reference on the learners' GPUs
-        used = ("learner", *(["rollout"] if apart else []), *(["reference"] if self.needs_reference and apart else []),
+        one_gpu_engines = apart and self.rollout.tensor_parallel_size == 1  # a TP engine's workers use all its GPUs
+        used = ("learner", *(["rollout"] if one_gpu_engines else []),
+                *(["reference"] if self.needs_reference and apart else []),
                 *(["critic"] if self.critic is not None else []))
         for line in idle_gpu_warnings(self.cluster, used):
             warnings.warn(line, UserWarning, stacklevel=2)

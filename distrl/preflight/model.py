@@ -36,11 +36,41 @@ def check_model(cfg: Config, problems: list[str]):
             limit, key = context_length(hf_config, tokenizer)
             if limit is not None:
                 _context(cfg, limit, key, problems)
+            problems += tensor_parallel_problems(hf_config, m.path, cfg.rollout.tensor_parallel_size,
+                                                 cfg.rollout.expert_parallel)
     if cfg.needs_reference and cfg.reference.path:
         _hf_config(cfg.reference.path, "reference.path", m.trust_remote_code, problems)
     if cfg.critic is not None and cfg.critic.path:
         _hf_config(cfg.critic.path, "critic.path", m.trust_remote_code, problems)
     return tokenizer
+
+
+def tensor_parallel_problems(hf_config, path: str, k: int, expert_parallel: bool) -> list[str]:
+    """What an engine over k workers cannot cut k ways (vLLM's own conditions, checked before any actor starts): the
+    attention heads, the key/value heads (fewer than k are replicated, so k must be a multiple of them), the MLP's
+    intermediate size, and without expert parallelism each expert's."""
+    if k == 1:
+        return []
+    text = getattr(hf_config, "text_config", None) or hf_config  # a multimodal model's language model
+    field = "rollout.tensor_parallel_size"
+    problems = []
+    heads = getattr(text, "num_attention_heads", None)
+    if heads and heads % k:
+        problems.append(f"{field} ({k}) must divide the attention heads of {path} ({heads}): each of the engine's "
+                        f"workers holds a whole number of heads")
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    if kv and (kv % k if kv >= k else k % kv):
+        problems.append(f"{field} ({k}) and the {kv} key/value heads of {path}: one must divide the other (fewer "
+                        f"heads than workers are replicated over them)")
+    sizes = {"intermediate_size": getattr(text, "intermediate_size", None)}
+    if not expert_parallel:
+        sizes["moe_intermediate_size"] = getattr(text, "moe_intermediate_size", None)
+    for key, size in sizes.items():
+        if isinstance(size, int) and size % k:
+            problems.append(f"{field} ({k}) must divide {key} of {path} ({size}): each worker holds an equal block of "
+                            f"every MLP{'' if key == 'intermediate_size' else ' expert'}"
+                            + ("" if key == "intermediate_size" else " (or set rollout.expert_parallel: true)"))
+    return problems
 
 
 def _hf_config(path: str, field: str, trust_remote_code: bool, problems: list[str]):

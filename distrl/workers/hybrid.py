@@ -37,6 +37,7 @@ from distrl.workers.training.learner import Learner
 from distrl.workers.training.reference import ReferenceWorker
 from distrl.workers.training.token_budget import ADAMW_BYTES, trained_parameters
 from distrl.workers.weights import export
+from distrl.workers.weights.pieces import BucketParts
 
 ENGINE_CALLS = {("rollout", "generate"), ("rollout", "score"), ("rollout", "check_weights")}
 """Calls that run the engine: it must be awake, with its KV cache, and the optimizer's state may leave the device."""
@@ -243,6 +244,6 @@ class HybridWorker:
             self._specs = self.learner.weight_specs(self.bucket_bytes, self.dtype)
         return self.rollout.load_weights(version, self._buckets(self._specs))
 
-    def _buckets(self, specs: list[export.Spec]) -> Iterator[dict[str, torch.Tensor]]:
+    def _buckets(self, specs: list[export.Spec]) -> Iterator[BucketParts]:
         for spec in specs:  # made when the engine's reload asks for it: one bucket at a time
-            yield self.learner.local_bucket(spec, self.dtype)
+            yield BucketParts.whole(self.learner.local_bucket(spec, self.dtype))

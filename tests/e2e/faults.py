@@ -10,23 +10,35 @@ import pytest
 def kill_actor(root_pid: int, cls: str) -> None:
     """SIGKILL the one actor process of class `cls` under process `root_pid` (Ray titles it `ray::<cls>...`): the
     driver of an embedded cluster, or this process for the session's cluster, whose nodes it started."""
+    kill_process(root_pid, f"ray::{cls}")
 
-    def title(p) -> list[str]:
+
+def processes(root_pid: int, title: str) -> list[psutil.Process]:
+    """The processes under `root_pid` whose title (a part of their command line) starts with `title`."""
+
+    def parts(p) -> list[str]:
         try:
             return [] if p.status() == psutil.STATUS_ZOMBIE else p.cmdline()
         except psutil.Error:  # a worker that exited (or is a zombie) while we looked
             return []
 
+    return [p for p in psutil.Process(root_pid).children(recursive=True)
+            if any(part.startswith(title) for part in parts(p))]
+
+
+def kill_process(root_pid: int, title: str) -> None:
+    """SIGKILL the one process under `root_pid` whose title starts with `title` (an actor, `ray::<class>`; a vLLM
+    engine's worker process, `VLLM::Worker_TP<rank>`)."""
+
     # On the session's cluster an earlier run's actor may still be ending: wait (briefly) until one is left.
     deadline = time.monotonic() + 15
     while True:
-        actors = [p for p in psutil.Process(root_pid).children(recursive=True)
-                  if any(part.startswith(f"ray::{cls}") for part in title(p))]
-        if len(actors) == 1 or time.monotonic() > deadline:
+        found = processes(root_pid, title)
+        if len(found) == 1 or time.monotonic() > deadline:
             break
         time.sleep(0.25)
-    assert len(actors) == 1, [title(p) for p in actors]
-    actors[0].kill()
+    assert len(found) == 1, [p.pid for p in found]
+    found[0].kill()
 
 
 def finish(proc) -> tuple[str, str]:

@@ -17,6 +17,7 @@ from distrl.types.prompt import Prompt
 from distrl.workers.rollout.worker import RolloutWorker
 from distrl.workers.training.model import load_causal_lm
 from distrl.workers.weights import export
+from distrl.workers.weights.pieces import BucketParts
 from tests.agent_envs import TOOLS
 from tests.e2e.conftest import quickstart, start_quickstart
 from tests.e2e.faults import finish, kill_actor, rows_of
@@ -131,7 +132,7 @@ def test_a_push_while_episodes_run_lands_between_engine_steps_and_each_token_kee
     generating = threading.Thread(target=generate)
     generating.start()
     time.sleep(0.5)  # every episode has sampled its first turn and waits on its environment
-    assert engine.load_weights(1, buckets) == 1
+    assert engine.load_weights(1, [BucketParts.whole(b) for b in buckets]) == 1
     generating.join(timeout=120)
     out = results[0]
     for i in range(len(out)):

@@ -14,6 +14,7 @@ from distrl.types.prompt import Prompt
 from distrl.workers.rollout.worker import RolloutWorker
 from distrl.workers.training.learner import Learner
 from distrl.workers.weights.fingerprint import WeightMismatch
+from distrl.workers.weights.pieces import BucketParts
 from tests.test_learner import batch, scored, update
 from tests.test_lora import LORA, make_lora_learner, randomize_b
 
@@ -24,7 +25,7 @@ PROMPTS = [[5, 17, 33, 8], [40, 2, 9, 11, 12, 13], [7, 7, 100, 101, 102]]
 
 def push(learner: Learner, worker: RolloutWorker, version: int) -> None:
     buckets = [learner.weight_bucket(spec, "float32") for spec in learner.weight_specs(4096, "float32")]
-    assert worker.load_weights(version, buckets) == version
+    assert worker.load_weights(version, [BucketParts.whole(b) for b in buckets]) == version
 
 
 def engine(model_dir, seed: int) -> RolloutWorker:
@@ -63,7 +64,7 @@ def pair(tiny_model_dir):
 def test_the_engine_serves_the_pushed_adapters_and_the_check_reads_its_slot(pair):
     learner, first, _ = pair
     push(learner, first, 1)
-    assert first.check_weights(1, learner.weights_fingerprint("float32"), "rollout 0") == 1
+    assert first.check_weights(1, "rollout 0", learner.weights_fingerprint("float32")) == 1
     assert served_vs_learner(first, learner) < 1e-5
     with learner.model.disable_adapter():  # the adapters change what is served
         assert served_vs_learner(first, learner) > 1e-2
@@ -71,21 +72,21 @@ def test_the_engine_serves_the_pushed_adapters_and_the_check_reads_its_slot(pair
 
 def test_a_stale_engine_and_a_base_engine_fail_the_check(pair, tiny_model_dir):
     learner, first, second = pair
-    with pytest.raises(WeightMismatch, match="rollout 1 serves weights other than learner 0's"):
-        second.check_weights(1, learner.weights_fingerprint("float32"), "rollout 1")  # never given an adapter
+    with pytest.raises(WeightMismatch, match="rollout 1 serves weights other than the learners'"):
+        second.check_weights(1, "rollout 1", learner.weights_fingerprint("float32"))  # never given an adapter
     push(learner, second, 1)
     for _ in range(2):
         update(learner, scored(learner, replace(batch(), advantages=batch().advantages * 3)))
     expected = learner.weights_fingerprint("float32")
     push(learner, first, 2)
-    assert first.check_weights(2, expected, "rollout 0") == 2
+    assert first.check_weights(2, "rollout 0", expected) == 2
     with pytest.raises(WeightMismatch, match=r"lora_[AB]\.weight differs"):  # still version 1's adapters
-        second.check_weights(1, expected, "rollout 1")
+        second.check_weights(1, "rollout 1", expected)
     with pytest.raises(WeightMismatch, match="is not among the tensors it serves"):  # asked for a version it lacks
-        second.check_weights(2, expected, "rollout 1")
+        second.check_weights(2, "rollout 1", expected)
     assert served_vs_learner(first, learner) < 1e-5
     push(learner, second, 2)  # a new id and name per version: nothing of version 1 is served
-    assert second.check_weights(2, expected, "rollout 1") == 2
+    assert second.check_weights(2, "rollout 1", expected) == 2
     assert served_vs_learner(second, learner) < 1e-5
 
 
@@ -117,8 +118,8 @@ def test_a_bfloat16_engine_passes_the_check_with_the_adapters_cast_as_it_holds_t
                          lora=LoraConfig(**LORA))
     try:
         buckets = [learner.weight_bucket(spec, "bfloat16") for spec in learner.weight_specs(4096, "bfloat16")]
-        bf16.load_weights(1, buckets)
-        assert bf16.check_weights(1, learner.weights_fingerprint("bfloat16"), "rollout 0") == 1
+        bf16.load_weights(1, [BucketParts.whole(b) for b in buckets])
+        assert bf16.check_weights(1, "rollout 0", learner.weights_fingerprint("bfloat16")) == 1
         assert served_vs_learner(bf16, learner) < 0.1  # bf16 kernels against the fp32 learner
     finally:
         bf16.close()
@@ -160,7 +161,7 @@ def test_a_push_during_a_turn_waits_for_it_and_later_turns_use_the_new_adapters(
         sequences = pad(rollouts, 0)
         mask = sequences.response_mask.bool()
         assert (sequences.rollout_logprobs - old.logprobs(sequences, 1.0))[mask].abs().max() < 1e-5
-        assert worker.check_weights(2, new.weights_fingerprint("float32"), "rollout 0") == 2
+        assert worker.check_weights(2, "rollout 0", new.weights_fingerprint("float32")) == 2
         assert served_vs_learner(worker, new) < 1e-5
     finally:
         worker.close()

@@ -28,6 +28,7 @@ from distrl.workers.model_files import load_tokenizer
 from distrl.workers.rollout.worker import RolloutWorker
 from distrl.workers.tiny_model import make_tiny_model
 from distrl.workers.training.learner import Learner
+from distrl.workers.weights.pieces import BucketParts
 
 from .conftest import quickstart
 
@@ -137,7 +138,7 @@ class TestTinyQwen2:
         assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
 
         # The fresh learner's weights, pushed into the engine, serve the same log-probs, to the bit.
-        ray.get(roles.rollout.call(0, RolloutWorker.load_weights, 4, [loaded]))
-        ray.get(roles.rollout.call(0, RolloutWorker.check_weights, 4, fresh.weights_fingerprint("float32"),
-                                   "rollout-0"))
+        ray.get(roles.rollout.call(0, RolloutWorker.load_weights, 4, [BucketParts.whole(loaded)]))
+        ray.get(roles.rollout.call(0, RolloutWorker.check_weights, 4, "rollout-0",
+                                   fresh.weights_fingerprint("float32")))
         assert engine_logprobs(roles, rollouts) == served

@@ -33,6 +33,7 @@ from distrl.workers.rollout.worker import RolloutWorker
 from distrl.workers.training.learner import Learner
 from distrl.workers.training.reference import ReferenceWorker
 from distrl.workers.weights.fingerprint import WeightMismatch
+from distrl.workers.weights.pieces import BucketParts
 
 from .conftest import quickstart
 
@@ -155,18 +156,18 @@ class TestTwoRolloutActorsTwoLearners:
         cfg, roles = two_by_two
         roles.sync.push(version=8)  # verify_weights is on: the push itself checks every engine
         expected = ray.get(roles.learner.call(0, Learner.weights_fingerprint, cfg.rollout.dtype))
-        assert ray.get([roles.rollout.call(i, RolloutWorker.check_weights, 8, expected, roles.rollout.name(i))
+        assert ray.get([roles.rollout.call(i, RolloutWorker.check_weights, 8, roles.rollout.name(i), expected)
                         for i in range(len(roles.rollout))]) == [8, 8]
         # Engine 1 loads weights with one row of a fused, oneDNN-packed projection changed: read through its
         # kernel, that tensor, and only it, differs from learner 0's.
         name = "model.layers.0.self_attn.k_proj.weight"
         changed = weights(roles, 0)
         changed[name][5] += 0.01
-        assert ray.get(roles.rollout.call(1, RolloutWorker.load_weights, 9, [changed])) == 9
+        assert ray.get(roles.rollout.call(1, RolloutWorker.load_weights, 9, [BucketParts.whole(changed)])) == 9
         with pytest.raises(WeightMismatch, match=rf"{re.escape(roles.rollout.name(1))} serves weights other than "
-                                                 rf"learner 0's after loading version 9: {re.escape(name)} differs "
+                                                 rf"the learners' after loading version 9: {re.escape(name)} differs "
                                                  rf".*; 1 of \d+ tensors differ"):
-            ray.get(roles.rollout.call(1, RolloutWorker.check_weights, 9, expected, roles.rollout.name(1)))
+            ray.get(roles.rollout.call(1, RolloutWorker.check_weights, 9, roles.rollout.name(1), expected))
         roles.sync.push(version=10)  # learner 0's weights again, verified
 
     def test_raising_reward_names_function_and_sample(self, two_by_two):

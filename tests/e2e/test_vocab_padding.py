@@ -18,6 +18,7 @@ from distrl.workers.tiny_model import default_corpus, make_tiny_model
 from distrl.workers.training.model import load_causal_lm
 from distrl.workers.weights import export
 from distrl.workers.weights.fingerprint import WeightMismatch, of_tensors
+from distrl.workers.weights.pieces import BucketParts
 
 CORPORA = {
     16: ["0123456789"],  # 10 characters and the 6 special tokens, no merges
@@ -61,16 +62,16 @@ def test_a_push_is_verified_whatever_the_vocabulary(engine):
     weights = dict(export.exported(learner))
     expected = of_tensors(weights.items(), torch.float32)
     with pytest.raises(WeightMismatch):  # the engine still serves the checkpoint: the push has something to do
-        worker.check_weights(0, expected, "rollout-0")
+        worker.check_weights(0, "rollout-0", expected)
 
     buckets = [export.bucket(learner, spec, "float32") for spec in export.specs(learner, BUCKET_BYTES, "float32")]
     assert len(buckets) > 1
-    assert worker.load_weights(1, buckets) == 1
-    assert worker.check_weights(1, expected, "rollout-0") == 1
+    assert worker.load_weights(1, [BucketParts.whole(b) for b in buckets]) == 1
+    assert worker.check_weights(1, "rollout-0", expected) == 1
 
     for name in ("model.embed_tokens.weight", "lm_head.weight"):  # the last row before vLLM's padding
         stale = dict(weights)
         stale[name] = weights[name].clone()
         stale[name][vocab - 1] -= 0.01
         with pytest.raises(WeightMismatch, match=rf"rollout-0 serves .* version 1: {name} differs .*; 1 of "):
-            worker.check_weights(1, of_tensors(stale.items(), torch.float32), "rollout-0")
+            worker.check_weights(1, "rollout-0", of_tensors(stale.items(), torch.float32))

@@ -19,11 +19,13 @@ as measured in `shared/probes/vllm-cpu-lora-2026-11-24.md`:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from distrl.workers.weights.fingerprint import Fingerprint, of_sample, sample
+from distrl.workers.rollout.served_weights import linear_regions
+from distrl.workers.weights.fingerprint import Fingerprint, Region, key, of_sample, sample
 
 PEFT_PREFIX = "base_model.model."
 """What PEFT's adapter names put before the HF module name."""
@@ -69,25 +71,45 @@ def register(worker: Any, version: int, tensors: dict[str, torch.Tensor], peft_c
 
 def slot_fingerprint(worker: Any, version: int, rank: int) -> Fingerprint:
     """In the engine's worker: the fingerprint (`distrl.workers.weights.fingerprint`) of the adapter tensors in the LoRA
-    slot that serves `version`, under PEFT's names: A `[r, in]` and B `[out, r]` of each projection, packed layers
-    (`qkv_proj`, `gate_up_proj`) split back into their HF projections. B is as the kernels use it, scaled by
-    alpha / r. Empty when `version`'s adapters are in no slot (the engine would not serve them)."""
+    slot that serves `version`, under PEFT's names and the region of each this worker holds (`slot_regions`): A
+    `[r, in]` and B `[out, r]` of each projection, packed layers (`qkv_proj`, `gate_up_proj`) split back into their
+    HF projections. B is as the kernels use it, scaled by alpha / r. Empty when `version`'s adapters are in no slot
+    (the engine would not serve them)."""
     manager = worker.model_runner.lora_manager._adapter_manager
     if lora_id(version) not in manager.lora_index_to_id:
         return {}
     index = manager.lora_index_to_id.index(lora_id(version))
-    packed: dict[str, list[str]] = manager.packed_modules_mapping
-    out: Fingerprint = {}
     with torch.no_grad():
-        for name, module in manager.modules.items():
-            if not hasattr(module, "n_slices"):  # the embedding or LM head, which learner.lora never targets
-                continue
-            parent, _, leaf = name.rpartition(".")
-            parts = packed.get(leaf, [leaf])
-            if len(parts) != module.n_slices:
-                parts = [leaf]
-            for i, part in enumerate(parts):
-                full = f"{PEFT_PREFIX}{parent}.{part}" if parent else f"{PEFT_PREFIX}{part}"
-                out[f"{full}.lora_A.weight"] = of_sample(sample(module.lora_a_stacked[i][index, 0, :rank]))
-                out[f"{full}.lora_B.weight"] = of_sample(sample(module.lora_b_stacked[i][index, 0, :, :rank]))
-    return out
+        return {key(name, region): of_sample(sample(tensor)) for name, region, tensor in _slot(manager, index, rank)}
+
+
+def slot_regions(worker: Any) -> dict[str, Region]:
+    """In the engine's worker: the region of each adapter tensor (PEFT name) this worker holds, as its LoRA layers
+    keep them (vLLM slices them as it slices their base layers: a column-parallel projection's B by output rows, a
+    row-parallel one's A by input columns; the other factor whole)."""
+    manager = worker.model_runner.lora_manager._adapter_manager
+    return {name: region for name, region, _ in _slot(manager, 0, 0)}
+
+
+def _slot(manager: Any, index: int, rank: int) -> Iterator[tuple[str, Region, torch.Tensor]]:
+    """(PEFT name, region, tensor) of the adapters in slot `index`, rank `rank`'s first columns of A and B."""
+    from vllm.model_executor.layers.linear import RowParallelLinear
+
+    packed: dict[str, list[str]] = manager.packed_modules_mapping
+    for name, module in manager.modules.items():
+        if not hasattr(module, "n_slices"):  # the embedding or LM head, which learner.lora never targets
+            continue
+        parent, _, leaf = name.rpartition(".")
+        parts = packed.get(leaf, [leaf])
+        if len(parts) != module.n_slices:
+            parts = [leaf]
+        base = module.base_layer
+        sizes = list(getattr(base, "output_partition_sizes", [0]))
+        regions = linear_regions(base, sizes if len(sizes) == len(parts) else [sum(sizes)])[0]
+        row_parallel = isinstance(base, RowParallelLinear)
+        for i, part in enumerate(parts):
+            full = f"{PEFT_PREFIX}{parent}.{part}" if parent else f"{PEFT_PREFIX}{part}"
+            yield (f"{full}.lora_A.weight", regions[i] if row_parallel else None,
+                   module.lora_a_stacked[i][index, 0, :rank])
+            yield (f"{full}.lora_B.weight", None if row_parallel else regions[i],
+                   module.lora_b_stacked[i][index, 0, :, :rank])

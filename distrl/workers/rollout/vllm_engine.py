@@ -12,10 +12,15 @@ from typing import Any
 
 from distrl.config import LoraConfig, ModelConfig, RolloutConfig
 from distrl.workers.model_files import resolve_model_path, tokenizer_path
+from distrl.workers.rollout.worker_extension import WORKER_EXTENSION
 
-ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING",
+              "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 """Environment of every rollout process, needed before vLLM is imported (set by the cluster layer, and here).
-vLLM logs each weight reload at INFO; `cluster.actor_env` can set VLLM_LOGGING_LEVEL=INFO back."""
+vLLM logs each weight reload at INFO; `cluster.actor_env` can set VLLM_LOGGING_LEVEL=INFO back. On CPU, the worker
+processes of a tensor-parallel engine take the actor's thread share (`worker_threads`) instead of vLLM binding each
+to a NUMA node of its own, which it requires by default (and a host with one node then refuses TP > 1);
+`cluster.actor_env` can set VLLM_CPU_OMP_THREADS_BIND back (`auto`, or explicit core lists) on hosts with several."""
 
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
@@ -59,7 +64,13 @@ def engine_args(cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, 
         tensor_parallel_size=cfg.tensor_parallel_size,
         logprobs_mode="processed_logprobs",
         enable_prefix_caching=True,
+        # distrl's methods in every worker process: weight loads, fingerprints, adapters, NCCL (called by name).
+        worker_extension_cls=WORKER_EXTENSION,
     )
+    if cfg.tensor_parallel_size > 1:
+        # One engine over k worker processes, the engine core kept in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+        # beside them: vLLM's multiprocess executor, never Ray's (vLLM would pick it inside a Ray actor).
+        args.update(distributed_executor_backend="mp", enable_expert_parallel=cfg.expert_parallel)
     if lora is not None:
         # One slot: the current version's adapters, which every request carries.
         args.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)
@@ -70,8 +81,9 @@ def engine_args(cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, 
         # Chunked prefill off: when it splits a prompt, vLLM rewinds the request's seeded generator with
         # set_offset, which CPU generators do not have ("CPU Generator does not use offset"), so a step whose
         # prompts pass the token budget (4096) would crash. Whole prompts are scheduled instead.
-        args.update(kv_cache_memory_bytes=cfg.kv_cache_bytes, distributed_executor_backend="uni",
-                    enable_chunked_prefill=False)
+        args.update(kv_cache_memory_bytes=cfg.kv_cache_bytes, enable_chunked_prefill=False)
+        if cfg.tensor_parallel_size == 1:
+            args["distributed_executor_backend"] = "uni"
     if in_process_group:
         # A hybrid actor's engine, built once its learner joined the learners' process group: vLLM would make
         # its own world group the process's default one, which the learners' already is. With the external
@@ -80,3 +92,12 @@ def engine_args(cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, 
         # groups inside it, a collective that every learner makes at once. It reads its rank from RANK.
         args["distributed_executor_backend"] = "external_launcher"
     return args
+
+
+def worker_threads(cfg: RolloutConfig) -> int | None:
+    """On CPU, the compute threads of each worker process of a tensor-parallel engine: the actor's
+    (OMP_NUM_THREADS) split among its k workers, at least one each; None at TP 1 (the engine's one worker runs in
+    the actor's process, with its threads)."""
+    if cfg.tensor_parallel_size == 1:
+        return None
+    return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")) // cfg.tensor_parallel_size)

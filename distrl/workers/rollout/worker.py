@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import multiprocessing.connection
 import os
+import sys
+import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -32,10 +35,12 @@ from distrl.types.rollouts import Rollouts
 from distrl.workers.device import granted_device
 from distrl.workers.rollout import lora_engine, vllm_engine
 from distrl.workers.rollout.engine_loop import EngineLoop
+from distrl.workers.rollout.engine_weights import EngineWeights
 from distrl.workers.rollout.episodes import EngineStepper, Resampled
 from distrl.workers.rollout.sampling import eval_sampling, request_seed, sampling_params
 from distrl.workers.weights import fingerprint
-from distrl.workers.weights.fingerprint import Fingerprint, served_fingerprint
+from distrl.workers.weights.fingerprint import Fingerprint, Region
+from distrl.workers.weights.pieces import BucketParts, assemble
 
 
 class UnusableEngine(RuntimeError):
@@ -43,14 +48,6 @@ class UnusableEngine(RuntimeError):
 
     def __init__(self, why: str):
         super().__init__(f"this rollout engine cannot serve: {why}; it must be replaced")
-
-
-def _one_by_one(buckets: Iterable[dict[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """The (name, tensor) pairs of `buckets`, letting go of each bucket before the next is asked for (the buckets
-    themselves are not emptied: with in-process workers, every engine is handed the same dicts)."""
-    for bucket in buckets:
-        yield from bucket.items()
-        del bucket  # else the loop variable keeps this bucket alive while the next one arrives
 
 
 async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: list[int], runner: EpisodeRunner,
@@ -71,11 +68,11 @@ async def run_episodes(worker: RolloutWorker, prompts: list[Prompt], groups: lis
     return as_rollouts(results, groups, n, worker.policy_version)
 
 
-async def swap_adapters(worker: RolloutWorker, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
+async def swap_adapters(worker: RolloutWorker, version: int, buckets: Iterable[BucketParts]) -> int:
     """`worker.load_weights` with `learner.lora`, on the engine's loop: drain the engine, put the adapters of
     `version` in its slot (`RolloutWorker._load_adapter`), admit the waiting turns again."""
     worker._check_usable()
-    tensors = {name: tensor for bucket in buckets for name, tensor in bucket.items()}  # megabytes
+    tensors = {name: tensor for bucket in buckets for name, tensor in assemble(bucket).items()}  # megabytes
     await worker.stepper.drain()
     try:
         return worker._load_adapter(version, tensors)
@@ -125,7 +122,7 @@ class RolloutWorker:
                  num_gpus: float = 0.0, environment: EnvConfig | None = None, envs: EnvClient | None = None,
                  max_restarts: int = 0, address: Callable[[], str] = lambda: "127.0.0.1",
                  max_new_tokens: int | None = None, lora: LoraConfig | None = None, sleep_mode: bool = False,
-                 in_process_group: bool = False):
+                 in_process_group: bool = False, exit_when_lost: bool = False):
         LLM = vllm_engine.import_llm()
         self.cfg = cfg
         self.seed = seed
@@ -139,10 +136,16 @@ class RolloutWorker:
                                               sleep_mode=sleep_mode, in_process_group=in_process_group)
         if in_process_group:  # the external launcher's rank (vllm_engine.engine_args)
             os.environ.update(RANK=str(torch.distributed.get_rank()), LOCAL_RANK="0")
+        threads = vllm_engine.worker_threads(cfg)
+        if threads is not None and not on_gpu:  # the worker processes vLLM starts read it from the environment
+            os.environ["OMP_NUM_THREADS"] = str(threads)
         self.engine = EngineLoop(lambda: LLM(**engine_args))
         # The engine's thread (which holds the engine) ends with the worker, and so does the agents' endpoint.
         self._end = weakref.finalize(self, _end_worker, self.engine, self._serving)
         self.llm = self.engine.engine
+        self.weights = EngineWeights(self.llm, cfg.tensor_parallel_size, None if lora is None else lora.rank)
+        if cfg.tensor_parallel_size > 1:
+            self._watch_workers(exit_when_lost)
         self.tokenizer = self.llm.get_tokenizer()
         served, decode = self.served, functools.partial(self.tokenizer.decode, skip_special_tokens=True)
         self.stepper = self.engine.call(EngineStepper, self.llm.llm_engine,
@@ -165,6 +168,31 @@ class RolloutWorker:
                 self._serving.append(self.endpoint)
         self.runner = EpisodeRunner(self.stepper, ChatRenderer(self.tokenizer), budget, hosts, parser,
                                     self.tokenizer.eos_token_id, max_restarts, self.endpoint)
+
+    def _watch_workers(self, exit_when_lost: bool) -> None:
+        """When a worker process of this tensor-parallel engine dies, the engine can serve no more (vLLM then shuts
+        its other workers down). With `exit_when_lost` (a Ray actor, which the cluster layer then reports dead and
+        replaces like any dead engine) this process ends at once, before a call in flight can fail with vLLM's
+        own error; otherwise every later call raises UnusableEngine. (The reverse needs nothing: each worker
+        ends when this process does, on vLLM's death pipe.)"""
+        executor = self.llm.llm_engine.engine_core.engine_core.model_executor
+        sentinels = {w.proc.sentinel: w.proc for w in executor.workers}
+
+        def watch() -> None:
+            died = sentinels[multiprocessing.connection.wait(list(sentinels))[0]]
+            if getattr(executor, "shutting_down", False):  # this engine's own shutdown
+                return
+            self._torn = f"its worker process {died.name} (pid {died.pid}) died, exit code {died.exitcode}"
+            if exit_when_lost:
+                print(f"rollout engine (pid {os.getpid()}): {self._torn}; ending this process so that the engine is "
+                      f"replaced", file=sys.stderr, flush=True)
+                os._exit(1)
+
+        threading.Thread(target=watch, name="distrl-engine-workers", daemon=True).start()
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the engine's workers (this process's at TP 1)."""
+        return self.engine.call(self.llm.collective_rpc, "distrl_pid")
 
     @property
     def policy_version(self) -> int:
@@ -208,8 +236,9 @@ class RolloutWorker:
         """Take back the GPU memory of `tags` ("weights", "kv_cache") that `sleep` released."""
         self.engine.call(self.llm.wake_up, tags=tags)
 
-    def load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
-        """Replace the engine's weights in place with HF-named tensors, bucket by bucket; returns the new version.
+    def load_weights(self, version: int, buckets: Iterable[BucketParts]) -> int:
+        """Replace the engine's weights in place with HF-named tensors, bucket by bucket, in every worker of the
+        engine (`EngineWeights.load`); returns the new version. Each bucket is the learners' pieces of it.
 
         `buckets` is consumed as the reload reaches each bucket (an iterable that fetches or receives a bucket only
         when asked keeps one bucket here at a time, not a copy of the model), and each tensor is let go once loaded.
@@ -230,23 +259,16 @@ class RolloutWorker:
             return self.engine.run(swap_adapters(self, version, buckets))
         return self.engine.call(self._load_weights, version, buckets)
 
-    def _load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
+    def _load_weights(self, version: int, buckets: Iterable[BucketParts]) -> int:
         self._check_usable()
         loaded = False
         try:
-            weights = _one_by_one(buckets)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
-                                                              "is_checkpoint_format": True})
-            # Every bucket must be in (and over NCCL, each one received, or learner 0's broadcast waits for ever).
-            if next(weights, None) is not None:
-                raise RuntimeError(f"the engine's reload of version {version} stopped before the last tensor")
+            self.weights.load(buckets)
             loaded = True
         finally:
             if not loaded:
                 self._torn = (f"loading the weights of version {version} failed midway: it serves a mix of two "
                               f"versions' weights")
-        if self.on_gpu:
-            torch.cuda.empty_cache()  # the reload's staging blocks back to the device, outside vLLM's budget
         # Cached KV blocks were computed with the old weights; so were those of turns in flight.
         self.llm.reset_prefix_cache(reset_running_requests=self.stepper.in_flight > 0)
         self.served.version = version
@@ -260,11 +282,7 @@ class RolloutWorker:
 
         assert self.lora is not None and self.stepper.in_flight == 0
         previous = self.policy_version if self.served.adapter is not None else None
-        loaded = self.llm.collective_rpc(lora_engine.register, args=(version, tensors, peft_config(self.lora),
-                                                                     previous))[0]
-        if loaded == 0:
-            raise RuntimeError(f"the adapters of version {version} ({len(tensors)} tensors) match no layer of the "
-                               f"engine's model")
+        self.weights.register_adapters(version, tensors, peft_config(self.lora), previous)
         self.served.adapter = lora_engine.request_for(version)
         self.llm.reset_prefix_cache()  # blocks cached under the previous version's name can no longer be asked for
         self.served.version = version
@@ -274,40 +292,52 @@ class RolloutWorker:
         if self._torn is not None:
             raise UnusableEngine(self._torn)
 
-    def check_weights(self, version: int, expected: Fingerprint, name: str) -> int:
-        """Compare the weights this engine (actor `name`) serves with learner 0's fingerprint `expected` of version
-        `version` (the push's load, resolved first); returns `version`. Raises WeightMismatch naming the engine and
-        the first tensor that differs."""
+    def worker_regions(self) -> list[dict[str, Region]]:
+        """Each worker's region of every tensor it holds (its layout), in worker order."""
+        return self.engine.call(self.weights.regions)
+
+    def weight_regions(self) -> dict[str, list[Region]]:
+        """Every region of the weights (HF names; PEFT names with `learner.lora`) that some worker of this engine
+        holds: what the learners fingerprint for `check_weights`."""
+        return self.engine.call(self.weights.union_of_regions)
+
+    def check_weights(self, version: int, name: str, *expected: Fingerprint) -> int:
+        """Compare the weights each worker of this engine (actor `name`) serves with the learners' fingerprint of
+        version `version` (the push's load, resolved first), which is the sum of `expected`, one part per learner
+        (`fingerprint.add`); returns `version`. Raises WeightMismatch naming the engine, the worker and the first
+        tensor that differs."""
         self._check_usable()
-        if self.lora is not None:  # what the engine samples with: the active slot's adapters, B scaled
-            rank = self.lora.rank
-            served = self.engine.call(self._adapter_fingerprint, version, rank)
-        else:
-            served = self.engine.call(self.llm.apply_model, served_fingerprint)[0]  # one worker (TP 1)
-        fingerprint.check(expected, served, name, version)
+        adapter = self.served.adapter
+        serving = None if adapter is None or adapter.lora_int_id != lora_engine.lora_id(version) else version
+        self.engine.call(self.weights.check, fingerprint.add(expected), name, version, serving)
         return version
 
-    def _adapter_fingerprint(self, version: int, rank: int) -> Fingerprint:
-        """The fingerprint of the adapters in the slot of `version`, empty unless requests now carry them."""
-        if self.served.adapter is None or self.served.adapter.lora_int_id != lora_engine.lora_id(version):
-            return {}
-        return self.llm.collective_rpc(lora_engine.slot_fingerprint, args=(version, rank))[0]
-
     def nccl_connect(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
-        """Join the NCCL weight-sync world as `rank` (`nccl.make_communicator`), waiting `timeout_s` for the other
-        ranks; a communicator of an earlier world is dropped."""
-        from distrl.workers.weights import nccl
-
-        self._nccl = self.engine.call(nccl.make_communicator, host, port, rank, world_size, timeout_s)
-        self._nccl_device = torch.device("cuda", torch.cuda.current_device())
+        """Join the NCCL weight-sync world: this engine's workers as ranks `rank` to `rank + k - 1` (k its
+        tensor-parallel size; `nccl.make_communicator` in each), waiting `timeout_s` for the other ranks; a
+        communicator of an earlier world is dropped."""
+        self.engine.call(self.llm.collective_rpc, "distrl_nccl_connect", args=(host, port, rank, world_size,
+                                                                               timeout_s))
 
     def nccl_receive(self, version: int, specs: list, dtype: str) -> int:
-        """Load the buckets learner 0 broadcasts (see `distrl.workers.weights.nccl`) in place, each received only when
-        the reload reaches it: one bucket on the device at a time, not a copy of the model outside vLLM's budget."""
-        from distrl.workers.model_files import DTYPES
-        from distrl.workers.weights import nccl
+        """Load the buckets learner 0 broadcasts (see `distrl.workers.weights.nccl`) in place, in every worker, each
+        received only when the reload reaches it: one bucket on each device at a time, not a copy of the model
+        outside vLLM's budget."""
+        return self.engine.call(self._nccl_receive, version, specs, dtype)
 
-        return self.load_weights(version, nccl.receive_buckets(self._nccl, specs, DTYPES[dtype], self._nccl_device))
+    def _nccl_receive(self, version: int, specs: list, dtype: str) -> int:
+        self._check_usable()
+        loaded = False
+        try:
+            self.llm.collective_rpc("distrl_nccl_receive", args=(specs, dtype))
+            loaded = True
+        finally:
+            if not loaded:
+                self._torn = (f"receiving the weights of version {version} failed midway: it serves a mix of two "
+                              f"versions' weights")
+        self.llm.reset_prefix_cache(reset_running_requests=self.stepper.in_flight > 0)
+        self.served.version = version
+        return version
 
     def score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         """Log-probs the engine assigns to the tokens after position `prompt_len` of each sequence (no sampling).

@@ -27,13 +27,11 @@ from distrl.workers.training.packing import Layout
 from distrl.workers.training.strategy import make_strategy
 from distrl.workers.training.trainer import Counts, Measured, NonFiniteError, Trainer
 from distrl.workers.weights import export, fingerprint, nccl
-from distrl.workers.weights.fingerprint import Fingerprint
+from distrl.workers.weights.fingerprint import Fingerprint, Region
 from distrl.workers.weights.hf_export import HFExport
+from distrl.workers.weights.pieces import Pieces
 
 __all__ = ["Learner", "NonFiniteError"]
-
-FINGERPRINT_BUCKET_BYTES = 64 * 2**20
-"""Sharded weights are gathered this many bytes at a time to be fingerprinted."""
 
 
 class Learner:
@@ -166,8 +164,9 @@ class Learner:
         return export.specs(self.model, bucket_bytes, dtype)
 
     def weight_bucket(self, spec: export.Spec, dtype: str) -> export.Bucket:
-        """One bucket of `weight_specs`: its HF-named weights, cast to the rollout dtype, on CPU (learner 0; the
-        others return an empty bucket), pickled as raw bytes (`export.Bucket`: engines map it, not copy it)."""
+        """One bucket of `weight_specs` whole: its HF-named weights, cast to `dtype`, on CPU (learner 0; the others
+        return an empty bucket; sharded weights are gathered, every learner taking part), pickled as raw bytes
+        (`export.Bucket`). What a push sends is `weight_pieces`; this reads the weights whole (tools, tests)."""
         return export.Bucket(self.strategy.bucket(self.model, spec, dtype))
 
     def local_bucket(self, spec: export.Spec, dtype: str) -> dict[str, torch.Tensor]:
@@ -176,20 +175,27 @@ class Learner:
         strategy and `dtype` the training dtype, the tensors are the model's own."""
         return self.strategy.bucket(self.model, spec, dtype, device=self.device, every_rank=True)
 
-    def weights_fingerprint(self, dtype: str) -> Fingerprint:
-        """Fingerprint of the exported weights as sent (cast to the rollout `dtype`), for the engines to check
-        (learner 0; the others return an empty one). Sharded weights are gathered bucket by bucket, in `dtype`,
-        each bucket's gathers done on every learner before the next (`sharding.gather_bucket`), and fingerprinted on
-        the CPU like a replica's."""
-        if self.cfg.lora is not None:  # the adapters as the engines hold them, B scaled (`lora.served_tensors`)
+    def weight_pieces(self, spec: export.Spec, dtype: str) -> Pieces:
+        """This learner's pieces of one bucket of `weight_specs`, cast to the rollout dtype, on CPU, pickled as raw
+        bytes (engines map them, not copy them): its own rows of each tensor, so that no learner sends (or gathers)
+        the whole model; replicas' learner 0 sends every tensor whole. With `learner.lora` the pieces are the
+        adapters, whole, from learner 0 (gathered when the learners shard them; megabytes)."""
+        if self.cfg.lora is not None:
+            return Pieces.whole(self.strategy.bucket(self.model, spec, dtype))
+        return self.strategy.pieces(self.model, spec, dtype)
+
+    def weights_fingerprint(self, dtype: str, regions: dict[str, list[Region]] | None = None) -> Fingerprint:
+        """This learner's part of the fingerprint of the exported weights as sent (cast to the rollout `dtype`), for
+        `regions` (tensor name -> the regions the engines' workers hold: `RolloutWorker.weight_regions`; None: every
+        tensor whole, as an engine at TP 1 holds them): every
+        learner fingerprints the rows it sends (`fingerprint.of_blocks`), and an engine adds the parts
+        (`fingerprint.add`). Nothing is gathered, but with `learner.lora` (the adapters as the engines hold them, B
+        scaled: `lora.served_tensors`, on learner 0)."""
+        if self.cfg.lora is not None:
             served = lora.served_tensors(export.exported(self.model), DTYPES[dtype], self.cfg.lora.scaling)
-            return fingerprint.of_tensors(served, DTYPES[dtype]) if dist.rank() == 0 else {}
-        if not self.strategy.sharded:
-            return fingerprint.of_tensors(export.exported(self.model), DTYPES[dtype]) if dist.rank() == 0 else {}
-        out: Fingerprint = {}
-        for spec in export.specs(self.model, FINGERPRINT_BUCKET_BYTES, dtype):
-            out.update(fingerprint.of_tensors(self.strategy.bucket(self.model, spec, dtype).items(), DTYPES[dtype]))
-        return out
+            blocks = ((name, t, 0, t.shape[0]) for name, t in served) if dist.rank() == 0 else iter(())
+            return fingerprint.of_blocks(blocks, regions, DTYPES[dtype])
+        return fingerprint.of_blocks(self.strategy.own_blocks(self.model), regions, DTYPES[dtype])
 
     def free_port(self, host: str) -> int:
         """A free TCP port on `host` (this actor's node): the rendezvous of the learners' group and of the NCCL

@@ -10,6 +10,8 @@ The training core, the weight export and the checkpoints ask the strategy for wh
     reduce_grads sum the gradients over the learners (sharded: FSDP's reduce-scatter already did, summing)
     clip         the global gradient norm, clipped
     bucket       one export bucket's full tensors on learner 0 (sharded: gathered, every learner taking part)
+    pieces       this learner's own rows of an export bucket, which it sends itself (sharded: its block, no gather)
+    own_blocks   the rows of every exported tensor this learner sends, for its part of the weights' fingerprint
     save / load  a trainer's part of a checkpoint (sharded: every learner writes its shards)
 
 Every method of `Sharded` that touches parameters is a collective: every learner calls it, in the same order.
@@ -18,6 +20,7 @@ Every method of `Sharded` that touches parameters is a collective: every learner
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,7 @@ from distrl.workers.training.model import load_causal_lm
 from distrl.workers.training.sharding.load import aliases
 from distrl.workers.weights import export
 from distrl.workers.weights.hf_export import HFCopy, HFExport, save_tokenizer
+from distrl.workers.weights.pieces import Pieces
 
 SHARDS = "shards"
 """The subdirectory of a sharded trainer's part that holds the model and optimizer shards (`sharding.save`)."""
@@ -80,6 +84,18 @@ class Replicated:
         """The bucket's full tensors in `dtype` on `device` on learner 0 (empty on the others, unless
         `every_rank`)."""
         return export.bucket(model, spec, dtype, device) if every_rank or dist.rank() == 0 else {}
+
+    def pieces(self, model: torch.nn.Module, spec: export.Spec, dtype: str) -> Pieces:
+        """This learner's pieces of bucket `spec` in `dtype` on the CPU: learner 0 sends every tensor whole, the others
+        nothing."""
+        return Pieces.whole(export.bucket(model, spec, dtype)) if dist.rank() == 0 else Pieces()
+
+    def own_blocks(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor, int, int]]:
+        """(HF name, the rows this learner sends, the first one's index, the tensor's row count) of every exported
+        tensor: learner 0 sends them whole."""
+        if dist.rank() == 0:
+            for name, tensor in export.exported(model):
+                yield name, tensor, 0, tensor.shape[0] if tensor.dim() else 1
 
     def save(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
              hf: HFExport | None) -> checkpoint.FileList:
@@ -160,6 +176,17 @@ class Sharded(Replicated):
         on the others), gathered from the shards cast to `dtype`; gathered on the GPU, a bucket for the GPU (an NCCL
         push, a hybrid actor's engine) stays there."""
         return sharding.gather_bucket(model, spec, DTYPES[dtype], device, every_rank) or {}
+
+    def pieces(self, model: torch.nn.Module, spec: export.Spec, dtype: str) -> Pieces:
+        """This learner's own block of each tensor of bucket `spec`, in `dtype` on the CPU: no gather."""
+        return sharding.local_pieces(model, spec, DTYPES[dtype])
+
+    def own_blocks(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor, int, int]]:
+        """Every exported tensor's block that this learner sends (`sharding.local_pieces`' blocks)."""
+        for name, tensor in export.exported(model):
+            block, start, sends = sharding.own_rows(tensor)
+            if sends and block.numel():
+                yield name, block, start, tensor.shape[0] if tensor.dim() else 1
 
     def save(self, directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
              hf: HFExport | None) -> checkpoint.FileList:

@@ -6,17 +6,26 @@ weighs each entry by a fixed pseudo-random weight in [1, 2) that depends on its 
 tensor loaded into the wrong place, swapped rows or a stale bucket all change it; `scale` (the same sum over
 absolute values) sizes the tolerance.
 
-Both sides build the same sample from what they hold: learner 0 from its own weights cast to the rollout dtype (what
-it sent), the engine from its own parameters, or, for layers whose weights vLLM has repacked for its kernels (on
-CPU the packed oneDNN form replaces the parameter), by running the layer's own GEMM on one-hot inputs, which returns
-the sampled columns exactly as the kernel uses them. Equal inputs give bitwise-equal float64 sums; the tolerance
-(`RTOL` of `scale`) only absorbs summation order on other hardware.
+A worker of a tensor-parallel engine holds a *region* of some HF tensors: a block of rows (`(0, start, length)`: a
+column-parallel projection's output rows, a vocabulary shard) or of columns (`(1, start, length)`: a row-parallel
+projection's input columns), the tensor whole (`None`) for the rest. Its fingerprint is keyed by `key(name,
+region)`, and is the fingerprint of the region as a tensor of its own: the sample of the rows (or columns) it
+holds. The learners compute the same from the full tensor's rows they hold (`of_rows`): the checksum is a sum over
+the sampled entries, so every learner's part of it can be computed from its own rows (a sharded learner holds a
+block of the first dimension) and the parts added (`add`), without gathering a tensor anywhere.
+
+Both sides build the same sample from what they hold: the learners from their own weights cast to the rollout dtype
+(what they sent), the engine's workers from their own parameters, or, for layers whose weights vLLM has repacked for
+its kernels (on CPU the packed oneDNN form replaces the parameter), by running the layer's own GEMM on one-hot inputs
+(`distrl.workers.rollout.served_weights`), which returns the sampled columns exactly as the kernel uses them. Equal
+inputs give float64 sums equal to the last bits or two (parts added in another order); the tolerance (`RTOL` of
+`scale`) absorbs that and summation order on other hardware.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
@@ -25,10 +34,15 @@ SAMPLE_COLUMNS = 8
 RTOL = 1e-12
 
 Fingerprint = dict[str, tuple[float, float]]
+"""`key(name, region)` -> (checksum, scale)."""
+
+Region = tuple[int, int, int] | None
+"""The part of an HF tensor a worker holds: `(dim, start, length)`, rows (dim 0) or columns (dim 1) `start` to
+`start + length`; None: the whole tensor."""
 
 
 class WeightMismatch(RuntimeError):
-    """An engine serves weights other than those learner 0 pushed."""
+    """An engine serves weights other than those the learners pushed."""
 
 
 def columns(width: int) -> torch.Tensor:
@@ -73,6 +87,53 @@ def of_tensors(named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype) ->
         return {name: of_sample(sample(tensor).to(dtype)) for name, tensor in named}
 
 
+def key(name: str, region: Region) -> str:
+    """The fingerprint key of `region` of tensor `name`: the name itself for the whole tensor."""
+    return name if region is None else f"{name}[{region[0]}:{region[1]}:{region[2]}]"
+
+
+def of_rows(block: torch.Tensor, first_row: int, full_rows: int, region: Region) -> tuple[float, float]:
+    """The part of `region`'s (checksum, scale) that rows `first_row` to `first_row + len(block)` of a tensor of
+    `full_rows` rows hold: `block` is those rows (already in the sent dtype). The parts of every block of rows add up
+    to `of_sample(sample(the region as a tensor))`; the whole tensor as one block gives exactly that."""
+    dim, start, length = region if region is not None else (0, 0, full_rows)
+    if dim == 0:
+        lo, hi = max(first_row, start), min(first_row + block.shape[0], start + length)
+        if hi <= lo:
+            return 0.0, 0.0
+        rows, first, n = block[lo - first_row:hi - first_row], lo - start, length
+    else:
+        rows, first, n = block.narrow(1, start, length), first_row, full_rows
+    values = sample(rows).detach().to("cpu", torch.float64)
+    weights = _position_weights(n, values.shape[1])[first:first + values.shape[0]]
+    return float((values * weights).sum()), float((values.abs() * weights).sum())
+
+
+def of_blocks(blocks: Iterable[tuple[str, torch.Tensor, int, int]], regions: Mapping[str, list[Region]] | None,
+              dtype: torch.dtype) -> Fingerprint:
+    """The part of the fingerprint of `regions` (name -> the regions some engine worker holds) that `blocks` hold:
+    (name, rows, index of the first, the full tensor's row count) each, cast to `dtype` as they are sent. Tensors
+    that no region names are left out; without `regions`, every tensor whole (an engine at TP 1)."""
+    out: Fingerprint = {}
+    with torch.no_grad():
+        for name, block, first, full_rows in blocks:
+            sent = block.to(dtype).reshape(1) if block.dim() == 0 else block.to(dtype)
+            for region in regions.get(name, ()) if regions is not None else (None,):
+                out[key(name, region)] = of_rows(sent, first, full_rows, region)
+    return out
+
+
+def add(parts: Iterable[Fingerprint]) -> Fingerprint:
+    """The fingerprint whose every entry is the sum of `parts`' entries under its key (the learners' parts)."""
+    out: dict[str, list[float]] = {}
+    for part in parts:
+        for name, (checksum, scale) in part.items():
+            total = out.setdefault(name, [0.0, 0.0])
+            total[0] += checksum
+            total[1] += scale
+    return {name: (checksum, scale) for name, (checksum, scale) in out.items()}
+
+
 def first_mismatch(expected: Fingerprint, served: Fingerprint) -> str | None:
     """None if `served` matches `expected` for every tensor of `expected`; otherwise what differs: the first tensor
     (in `expected`'s order) that is missing or has another checksum, and how many differ."""
@@ -81,61 +142,16 @@ def first_mismatch(expected: Fingerprint, served: Fingerprint) -> str | None:
         if name not in served:
             wrong.append(f"{name} is not among the tensors it serves")
         elif abs(served[name][0] - checksum) > RTOL * max(scale, served[name][1]):
-            wrong.append(f"{name} differs (checksum {served[name][0]:.17g}, learner 0's {checksum:.17g})")
+            wrong.append(f"{name} differs (checksum {served[name][0]:.17g}, the learners' {checksum:.17g})")
     if not wrong:
         return None
     return f"{wrong[0]}; {len(wrong)} of {len(expected)} tensors differ"
 
 
 def check(expected: Fingerprint, served: Fingerprint, engine: str, version: int) -> None:
-    """Raise WeightMismatch if engine `engine`, having loaded `version`, serves other weights than `expected`."""
+    """Raise WeightMismatch if engine `engine` (an engine, or one worker of it), having loaded `version`, serves
+    other weights than `expected`."""
     problem = first_mismatch(expected, served)
     if problem:
-        raise WeightMismatch(f"{engine} serves weights other than learner 0's after loading version {version}: "
+        raise WeightMismatch(f"{engine} serves weights other than the learners' after loading version {version}: "
                              f"{problem} (cluster.verify_weights=false turns this check off)")
-
-
-def served_fingerprint(model: torch.nn.Module) -> Fingerprint:
-    """Fingerprint of the weights vLLM model `model` serves, under the HF names they
-    were loaded from; runs inside the engine's worker.
-
-    A linear layer's weight (and the LM head's) is sampled through the layer's own GEMM on one-hot inputs: on CPU
-    vLLM packs it for oneDNN and drops the parameter, and on any device this reads what the kernel multiplies by.
-    Fused layers (`qkv_proj`, `gate_up_proj`) are split back into their HF tensors by the model's
-    `packed_modules_mapping` and the layer's output sizes. Rows past the vocabulary (vLLM pads the embedding and the
-    LM head to a multiple of 64 rows), and the LM head's output sizes that count them, are left out."""
-    from vllm.model_executor.layers.linear import LinearBase
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-
-    packed: dict[str, list[str]] = getattr(model, "packed_modules_mapping", {})
-    out: Fingerprint = {}
-    with torch.no_grad():
-        for prefix, module in model.named_modules():
-            parent = prefix.rpartition(".")[0]
-            if isinstance(module, LinearBase | ParallelLMHead):
-                width = module.embedding_dim if isinstance(module, ParallelLMHead) else module.input_size_per_partition
-                picked = columns(width)
-                one_hot = torch.zeros(len(picked), width, dtype=module.weight.dtype, device=module.weight.device)
-                one_hot[torch.arange(len(picked)), picked.to(one_hot.device)] = 1
-                rows = module.quant_method.apply(module, one_hot).T  # [N, S]: W[:, picked]
-                sizes = getattr(module, "output_partition_sizes", [rows.shape[0]])
-                bias = getattr(module, "bias", None)
-                if isinstance(module, ParallelLMHead):  # its output sizes count the padding rows too
-                    rows = rows[:module.num_embeddings]
-                    sizes = [module.num_embeddings]
-                    bias = None if bias is None else bias[:module.num_embeddings]
-                leaf = prefix.rpartition(".")[2]
-                names = packed.get(leaf, [leaf])
-                if len(names) != len(sizes):  # a fused layer under one HF name (e.g. Phi-3's qkv_proj)
-                    names, sizes = [leaf], [rows.shape[0]]
-                for i, (name, part) in enumerate(zip(names, rows.split(sizes), strict=True)):
-                    full = f"{parent}.{name}" if parent else name
-                    out[f"{full}.weight"] = of_sample(part)
-                    if bias is not None:
-                        out[f"{full}.bias"] = of_sample(sample(bias.split(sizes)[i]))
-                continue
-            for name, param in module.named_parameters(recurse=False):
-                if isinstance(module, VocabParallelEmbedding):
-                    param = param[:module.num_embeddings]  # noqa: PLW2901 - the same tensor without vLLM's padding
-                out[f"{prefix}.{name}" if prefix else name] = of_sample(sample(param))
-    return out

@@ -9,6 +9,9 @@ gathers of every bucket at once while rank 0 sends or writes one bucket at a tim
 collective ends: up to the whole model on each of them. The state dict's names are the HF checkpoint's: FSDP2
 does not rename parameters, and a tied LM head appears under both names, as vLLM expects.
 
+`local_pieces` is the other way, without a collective: each rank's own rows of a bucket's tensors (a `Shard(0)`
+block), which it sends itself (`distrl.workers.weights.pieces`); an engine assembles the full tensors.
+
 `save_hf` writes an HF folder (config + sharded safetensors + index) from the same buckets, leaving out tied aliases
 as `save_pretrained` does, so that `from_pretrained` and vLLM load it directly.
 """
@@ -26,7 +29,8 @@ from torch.distributed.tensor import DTensor
 
 from distrl.workers.training.sharding.load import aliases
 from distrl.workers.weights import export
-from distrl.workers.weights.export import Spec
+from distrl.workers.weights.export import Bucket, Spec
+from distrl.workers.weights.pieces import Pieces
 
 
 @torch.no_grad()
@@ -58,6 +62,42 @@ def gather_bucket(model: torch.nn.Module, spec: Spec, dtype: torch.dtype, device
     if mesh_device is not None:
         bound_run_ahead(mesh_device)
     return out if rank0 else None
+
+
+@torch.no_grad()
+def local_pieces(model: torch.nn.Module, spec: Spec, dtype: torch.dtype) -> Pieces:
+    """This rank's own rows of bucket `spec`'s tensors, cast to `dtype`, contiguous on the CPU, with the index of
+    the first of them (`Pieces`); no collective. A tensor held whole on every rank (not sharded), or a block held on
+    several (replicated over a mesh dimension), is sent by the first of its holders only, so that the ranks' pieces
+    tile every tensor once."""
+    state = model.state_dict()
+    out = Pieces(Bucket(), {})
+    for name, _ in spec:
+        tensor = state[name]
+        block, start, sends = own_rows(tensor)
+        if sends and block.numel():
+            out.tensors[name] = block.detach().to("cpu", dtype).contiguous()
+            out.rows[name] = start
+    return out
+
+
+def own_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
+    """This rank's block of `tensor` (a DTensor sharded on dimension 0 only, or a plain tensor every rank holds
+    whole), the index of its first row, and whether this rank is the one that sends it (the first along every
+    mesh dimension the block is replicated over; rank 0 for a plain tensor)."""
+    if not isinstance(tensor, DTensor):
+        return tensor, 0, not dist.is_initialized() or dist.get_rank() == 0
+    # A private helper of torch's, the one DTensor itself uses to place a rank's shard (uneven shards included).
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.distributed.tensor.placement_types import Replicate, Shard
+
+    mesh, placements = tensor.device_mesh, tensor.placements
+    if any(isinstance(p, Shard) and p.dim != 0 for p in placements):
+        raise ValueError(f"a weight sharded on dimension {[p for p in placements if isinstance(p, Shard)]} cannot be "
+                         f"sent as blocks of rows")
+    _, offset = compute_local_shape_and_global_offset(tensor.shape, mesh, placements)
+    sends = all(mesh.get_local_rank(d) == 0 for d, p in enumerate(placements) if isinstance(p, Replicate))
+    return tensor.to_local(), (offset[0] if offset else 0), sends
 
 
 def bound_run_ahead(device_type: str) -> None:
