@@ -100,7 +100,7 @@ class FakeLLM:
                     raise RuntimeError("the reload failed")
                 self.weights[name] = tensor.clone()
                 del tensor  # as vLLM's loader does once a layer is processed
-            return [0]
+            return [None]
         assert method in ("distrl_begin_reload", "distrl_finish_reload"), method
         return [None]
 
@@ -241,9 +241,8 @@ class ReceivingWorker(EngineWorker):
     def distrl_begin_reload(self) -> None:
         pass
 
-    def distrl_load(self, bucket: Any) -> int:
+    def distrl_load(self, bucket: Any) -> None:
         self.weights.update((name, t.clone()) for name, t in bucket.items())
-        return 0
 
     def distrl_finish_reload(self) -> None:
         pass

@@ -33,25 +33,23 @@ class EngineWeights:
     def __init__(self, llm: Any, workers: int, lora_rank: int | None):
         self.llm, self.workers, self.lora_rank = llm, workers, lora_rank
         self._regions: list[dict[str, Region]] | None = None
-        self.sent_bytes = 0
-        """Bytes of buckets handed to the workers by the last `load` (each worker maps them; none copies them)."""
 
     def load(self, buckets: Iterable[BucketParts]) -> None:
         """Load `buckets` into every worker in place, one bucket at a time, each fetched only when its turn comes."""
         self.llm.collective_rpc("distrl_begin_reload")
-        self.sent_bytes = 0
         for bucket in buckets:
-            self.sent_bytes += self._load_bucket(bucket)
+            self._load_bucket(bucket)
             del bucket  # else the loop variable keeps this bucket alive while the next one arrives
         self.llm.collective_rpc("distrl_finish_reload")
 
-    def _load_bucket(self, bucket: BucketParts) -> int:
+    def _load_bucket(self, bucket: BucketParts) -> None:
         if self.workers == 1:
-            return self.llm.collective_rpc("distrl_load", args=(assemble(bucket),))[0]
+            self.llm.collective_rpc("distrl_load", args=(assemble(bucket),))
+            return
         opened: list[shared_bucket.SharedMemory] = []
         assemble(bucket, shared_bucket.allocate(opened))  # written into shared memory; this process keeps no view
         try:
-            return self.llm.collective_rpc("distrl_load", args=(opened[0].bucket,))[0]
+            self.llm.collective_rpc("distrl_load", args=(opened[0].bucket,))
         finally:
             for memory in opened:
                 memory.close()

@@ -53,14 +53,12 @@ class EngineWorker:
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(self._distrl_model())
 
-    def distrl_load(self, bucket: dict[str, torch.Tensor] | SharedBucket) -> int:
-        """Load one bucket of HF-named full tensors into the open reload; returns its bytes."""
+    def distrl_load(self, bucket: dict[str, torch.Tensor] | SharedBucket) -> None:
+        """Load one bucket of HF-named full tensors into the open reload."""
         from vllm.config import set_current_vllm_config
 
-        items = list(bucket.items())
         with set_current_vllm_config(self.vllm_config):
-            self._distrl_model().load_weights(items)  # type: ignore[operator]  # a vLLM model's own loader
-        return sum(t.numel() * t.element_size() for _, t in items)
+            self._distrl_model().load_weights(bucket.items())  # type: ignore[operator]  # a vLLM model's own loader
 
     def distrl_finish_reload(self) -> None:
         """Close the reload (layers not processed yet are processed now) and drop what the old weights cached."""
