@@ -107,6 +107,7 @@ BAD = [
     (["rollout.tensor_parallel_size=2", "cluster.colocate=hybrid"],
      "rollout.tensor_parallel_size 2 with cluster.colocate 'hybrid'"),
     (["rollout.expert_parallel=true"], "rollout.expert_parallel spreads experts"),
+    (["rollout.expert_parallel=true", "rollout.tensor_parallel_size=2"], "vLLM's CPU build crashes in its fused-MoE"),
     (["algorithm.old_logprobs=rollout", "rollout.sampling.top_p=0.9"], "rollout.sampling.top_p"),
     (["cluster.num_cpus=2", "cluster.learner.num_cpus=1.5"], "cluster.learner.num_actors x num_cpus"),
     (["loss.kl.cof=0.1"], "loss.kl.cof"),

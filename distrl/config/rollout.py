@@ -48,7 +48,8 @@ class RolloutConfig(Section):
     worker, each taking only its slice, and each worker's weights are checked."""
     expert_parallel: bool = False
     """Mixture-of-experts policies: spread whole experts over the engine's k workers (vLLM's expert parallelism)
-    instead of cutting every expert k ways. Needs tensor_parallel_size > 1 and a GPU build of vLLM."""
+    instead of cutting every expert k ways. Needs tensor_parallel_size > 1 and engines on GPUs (vLLM's CPU build
+    crashes in its fused-MoE kernel with it)."""
     gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
     """Fraction of GPU memory vLLM may take (GPU only)."""
     kv_cache_bytes: int = Field(default=128 * 2**20, gt=0)
