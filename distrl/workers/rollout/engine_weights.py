@@ -4,7 +4,8 @@ A push reaches every worker of the engine (`load`): vLLM's layer-wise in-place r
 bucket is assembled from the learners' pieces and handed to all of them at once, and the reload is closed. At TP 1
 the one worker runs in this process and takes the bucket's tensors as they are (mapped from the object store when
 one learner held them whole); at TP k the bucket is written once into shared memory that the k workers map
-(`shared_bucket`), and each worker's loaders copy out its own slice. No worker is sent a copy of the model.
+(`shared_bucket`: a pool of segments, each written again once no worker holds a view of it), and each worker's
+loaders copy out its own slice. No worker is sent a copy of the model.
 
 Each worker then proves what it serves (`check`): its fingerprint, keyed by HF name and by the region of the tensor
 it holds, against the learners' fingerprint of the same regions of what they sent; a mismatch names the engine, the
@@ -33,6 +34,7 @@ class EngineWeights:
     def __init__(self, llm: Any, workers: int, lora_rank: int | None):
         self.llm, self.workers, self.lora_rank = llm, workers, lora_rank
         self._regions: list[dict[str, Region]] | None = None
+        self.pool = shared_bucket.SharedPool() if workers > 1 else None  # the segments the workers map
 
     def load(self, buckets: Iterable[BucketParts]) -> None:
         """Load `buckets` into every worker in place, one bucket at a time, each fetched only when its turn comes."""
@@ -43,16 +45,12 @@ class EngineWeights:
         self.llm.collective_rpc("distrl_finish_reload")
 
     def _load_bucket(self, bucket: BucketParts) -> None:
-        if self.workers == 1:
+        if self.pool is None:
             self.llm.collective_rpc("distrl_load", args=(assemble(bucket),))
             return
-        opened: list[shared_bucket.SharedMemory] = []
-        assemble(bucket, shared_bucket.allocate(opened))  # written into shared memory; this process keeps no view
-        try:
-            self.llm.collective_rpc("distrl_load", args=(opened[0].bucket,))
-        finally:
-            for memory in opened:
-                memory.close()
+        assemble(bucket, self.pool.allocate)  # written into a free segment; this process keeps no view of it
+        held = self.llm.collective_rpc("distrl_load", args=(self.pool.bucket,))
+        self.pool.held(set().union(*held))
 
     def register_adapters(self, version: int, tensors: dict[str, Any], peft_cfg: dict[str, Any],
                           previous: int | None) -> int:

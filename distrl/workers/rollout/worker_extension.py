@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from distrl.workers.rollout import lora_engine, served_weights
+from distrl.workers.rollout import lora_engine, served_weights, shared_bucket
 from distrl.workers.rollout.shared_bucket import SharedBucket
 from distrl.workers.weights import nccl
 from distrl.workers.weights.fingerprint import Fingerprint, Region
@@ -53,12 +53,14 @@ class EngineWorker:
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(self._distrl_model())
 
-    def distrl_load(self, bucket: dict[str, torch.Tensor] | SharedBucket) -> None:
-        """Load one bucket of HF-named full tensors into the open reload."""
+    def distrl_load(self, bucket: dict[str, torch.Tensor] | SharedBucket) -> list[int]:
+        """Load one bucket of HF-named full tensors into the open reload; returns the shared segments this worker
+        still holds views of (vLLM keeps an unfinished layer's tensors), which the rollout actor must not write."""
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(self.vllm_config):
             self._distrl_model().load_weights(bucket.items())  # type: ignore[operator]  # a vLLM model's own loader
+        return shared_bucket.held_segments() if isinstance(bucket, SharedBucket) else []
 
     def distrl_finish_reload(self) -> None:
         """Close the reload (layers not processed yet are processed now) and drop what the old weights cached."""
