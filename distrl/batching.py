@@ -1,4 +1,5 @@
-"""From `Rollouts` to padded `Sequences`, and from rewards to advantages. Pure torch, no Ray.
+"""From `Rollouts` to padded `Sequences`, from rewards to advantages, and the covariance losses' tokens (selected
+over each whole mini-batch before the batch is split). Pure torch, no Ray.
 
 Advantages follow the configured estimator on the sequence scores, or GAE on token rewards and the critic's
 values. With `loss.kl.target: reward` the per-token penalty `coef * kl_t`, kl_t estimated from the old policy's
@@ -10,9 +11,12 @@ precision into kl_t would add the rollout/trainer mismatch to the penalty.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 
 from distrl.algo import (
+    covariance_selection,
     explained_variance,
     gae,
     group_advantages,
@@ -21,8 +25,8 @@ from distrl.algo import (
     token_advantages,
     whiten_tokens,
 )
-from distrl.config import AlgorithmConfig, KLConfig
-from distrl.types.batches import Sequences
+from distrl.config import AlgorithmConfig, ClipCovConfig, KLConfig, KLCovConfig
+from distrl.types.batches import Sequences, mini_batch_bounds
 from distrl.types.rollouts import Rollouts
 
 
@@ -133,3 +137,17 @@ def advantage_metrics(adv: torch.Tensor, response_mask: torch.Tensor) -> dict[st
     valid = response_mask.bool()
     return {"advantage/mean": float(adv[valid].mean()) if valid.any() else 0.0,
             "advantage/std": float(adv[valid].std()) if valid.sum() > 1 else 0.0}
+
+
+def select_by_covariance(old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+                         policy: ClipCovConfig | KLCovConfig, mini_batches: int, seed: int) -> torch.Tensor:
+    """The tokens `[B, T]` bool that Clip-Cov cuts or KL-Cov penalises: selected over each of the batch's
+    `mini_batches` mini-batches (the rows of one optimizer step, as `TrainBatch.shard` cuts them), from the whole
+    mini-batch's covariance (`distrl.algo.covariance_selection`), before the batch is split over learners and
+    micro-batches. Clip-Cov's draws come from a generator seeded with `seed` (the driver's: run seed and step)."""
+    generator = torch.Generator().manual_seed(seed)
+    selected = torch.zeros(response_mask.shape, dtype=torch.bool)
+    for a, b in pairwise(mini_batch_bounds(response_mask.shape[0], mini_batches)):
+        selected[a:b] = covariance_selection(old_logprobs[a:b], advantages[a:b], response_mask[a:b], policy,
+                                             generator)
+    return selected

@@ -38,6 +38,10 @@ RENAMES = {
     "is_weight_mean": "correction/weight_mean", "is_weight_min": "correction/weight_min",
     "is_weight_max": "correction/weight_max", "is_frac_truncated": "correction/frac_truncated",
     "is_frac_masked": "correction/frac_masked", "is_ess": "correction/ess",
+    # the other policy losses' own figures (distrl/algo/policy_terms.py)
+    "cov_frac": "policy/cov_frac", "gate_mean": "policy/gate_mean", "gated_frac": "policy/gated_frac",
+    "seq_ratio_mean": "policy/seq_ratio_mean", "seq_ratio_min": "policy/seq_ratio_min",
+    "seq_ratio_max": "policy/seq_ratio_max",
 }
 # Phases that are the driver's own work rather than a wait for actors or tasks: part of time/driver_overhead.
 DRIVER_PHASES = ("time/advantages",)

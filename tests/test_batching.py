@@ -6,8 +6,9 @@ import dataclasses
 import pytest
 import torch
 
-from distrl.batching import advantages, gae_advantages, pad
-from distrl.config import AlgorithmConfig, KLInLoss, KLInReward
+from distrl.algo import covariance_selection
+from distrl.batching import advantages, gae_advantages, pad, select_by_covariance
+from distrl.config import AlgorithmConfig, ClipCovConfig, KLCovConfig, KLInLoss, KLInReward
 from distrl.micro_batches import balanced_parts
 from distrl.types.batches import Sequences, TrainBatch, in_row_order
 from distrl.types.rollouts import Episode, Rollouts, ScoredRollouts
@@ -303,3 +304,30 @@ def test_gae_takes_each_sequence_of_an_episode_as_its_own_with_the_episodes_rewa
     # A, and the returns are that reward; nothing flows from row 1 back into row 0.
     assert adv[0].tolist() == [0.75, 0, 0] and adv[1].tolist() == [0.75] * 3
     assert ret[0].tolist() == [1.0, 0, 0] and ret[1].tolist() == [1.0] * 3
+
+
+def test_the_covariance_selection_is_each_mini_batch_s_own_and_travels_with_the_rows():
+    # 9 rows in 2 mini-batches (rows 0-3 and 4-8, as TrainBatch.shard cuts them): each mini-batch's tokens are
+    # selected over its own rows, whatever the other's, and the selection is sharded with its rows.
+    g = torch.Generator().manual_seed(0)
+    mask = (torch.arange(5) < torch.randint(1, 6, (9, 1), generator=g)).float()
+    old = -torch.rand(9, 5, generator=g) * 3 * mask
+    adv = torch.randn(9, 1, generator=g).expand(9, 5) * mask
+    policy = KLCovConfig(kl_cov_ratio=0.2)
+    selected = select_by_covariance(old, adv, mask, policy, mini_batches=2, seed=0)
+    for rows in (slice(0, 4), slice(4, 9)):
+        alone = covariance_selection(old[rows], adv[rows], mask[rows], policy, torch.Generator())
+        assert torch.equal(selected[rows], alone) and alone.any()
+    # the whole batch as one mini-batch selects differently (its own means, its own top fraction)
+    assert not torch.equal(select_by_covariance(old, adv, mask, policy, mini_batches=1, seed=0), selected)
+    # Clip-Cov's draws are the seed's: the same seed, the same tokens
+    clip = ClipCovConfig(clip_cov_ratio=0.2, clip_cov_lb=-10.0, clip_cov_ub=10.0)
+    draws = [select_by_covariance(old, adv, mask, clip, mini_batches=2, seed=s) for s in (3, 3, 4)]
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+    seqs = dataclasses.replace(pad(rollouts(), PAD), response_mask=torch.ones(4, 3))
+    batch = dataclasses.replace(train_batch(seqs), cov_selected=torch.tensor([[1, 0, 0], [0, 1, 0], [0, 0, 1],
+                                                                             [1, 1, 0]], dtype=torch.bool))
+    rows = batch.shard_rows(2, 1)
+    for shard, index in zip(batch.shard(2, 1, rows), rows, strict=True):
+        assert torch.equal(shard.cov_selected, batch.cov_selected[index])
+    assert torch.equal(TrainBatch.concat(batch.split(2)).cov_selected, batch.cov_selected)

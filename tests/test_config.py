@@ -41,6 +41,9 @@ def test_defaults_and_derived_sizes(tmp_path):
     (["loss.kl.coef=0.1", "loss.kl.target=reward"], False),  # the reward's KL needs them before advantages
     (["loss.kl.coef=0.1", "loss.kl.target=loss"], True),
     (["algorithm.old_logprobs=rollout"], False),  # bypass: vLLM's stand in
+    (["loss.policy=clip_cov"], False),  # the covariance losses select tokens over the batch from them beforehand
+    (["loss.policy=kl_cov"], False),
+    (["loss.policy=cispo"], True),
 ])
 def test_when_the_update_takes_old_logprobs_from_its_own_forward_pass(tmp_path, overrides, in_update):
     assert config.load(write(tmp_path, MINIMAL), overrides).old_logprobs_in_update is in_update

@@ -40,7 +40,10 @@ def test_sections_variants_and_list_items():
     assert by_path("loss.correction").type == "section | null"
     assert {f.variant for f in config_fields() if f.path == "loss.correction.low"} == {"mode: tis | icepop",
                                                                                        "mode: seq_mask_tis"}
-    assert by_path("loss.policy.dual_clip").variant == "type: ppo"  # gspo has no dual clip
+    # gspo, gmpo and the losses without a clipped surrogate have no dual clip
+    assert {f.variant for f in config_fields() if f.path == "loss.policy.dual_clip"} == {"type: ppo",
+                                                                                         "type: clip_cov"}
+    assert {f.variant for f in config_fields() if f.path == "loss.policy.tau_neg"} == {"type: sapo"}
     assert by_path("loop.max_staleness").variant == "mode: async"
     assert by_path("eval.sets[].name").table == "eval.sets[]"
     assert by_path("rollout.dynamic_sampling.max_rounds").table == "rollout.dynamic_sampling"

@@ -39,6 +39,48 @@ def test_gspo_has_its_own_clip_range_and_is_sequence_level(tmp_path):
     assert set(config.GSPOConfig.model_fields) == {"type", "clip_low", "clip_high"}
 
 
+@pytest.mark.parametrize(("tag", "cls", "defaults"), [
+    # each loss's paper's parameters (CISPO: no lower bound, the weight capped at 4; the rest as their papers say)
+    ("cispo", config.CISPOConfig, {"clip_low": None, "clip_high": 3.0, "aggregation": "token_mean"}),
+    ("sapo", config.SAPOConfig, {"tau_pos": 1.0, "tau_neg": 1.05, "aggregation": "seq_mean_token_mean"}),
+    ("gmpo", config.GMPOConfig, {"clip_low": 0.4, "clip_high": 0.4, "aggregation": "seq_mean_token_mean"}),
+    ("gpg", config.GPGConfig, {"aggregation": "token_mean"}),
+    ("clip_cov", config.ClipCovConfig, {"clip_low": 0.2, "clip_high": 0.2, "clip_cov_ratio": 2e-4,
+                                        "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "aggregation": "token_mean"}),
+    ("kl_cov", config.KLCovConfig, {"kl_cov_ratio": 2e-3, "ppo_kl_coef": 1.0, "aggregation": "token_mean"}),
+])
+def test_every_loss_is_a_variant_with_its_paper_s_defaults(tmp_path, tag, cls, defaults):
+    policy = load(tmp_path, {"loss": {"policy": tag}}).loss.policy
+    assert isinstance(policy, cls) and {key: getattr(policy, key) for key in defaults} == defaults
+    assert load(tmp_path, {}, [f"loss.policy={tag}"]).loss.policy == policy  # --set takes the shorthand too
+
+
+def test_gmpo_is_sequence_level_like_gspo(tmp_path):
+    assert set(config.GMPOConfig.model_fields) == {"type", "clip_low", "clip_high"}
+    policy = load(tmp_path, {"loss": {"policy": "gmpo"}}).loss.policy
+    assert policy.aggregation == "seq_mean_token_mean" and policy.norm_len is None and policy.dual_clip is None
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("loss:\n  policy: {type: sapo, tau_neg: 0}\n", "loss.policy.tau_neg: Input should be greater than 0"),
+    ("loss:\n  policy: {type: cispo, clip_high: -1}\n",
+     "loss.policy.clip_high: Input should be greater than or equal to 0"),
+    ("loss:\n  policy: {type: kl_cov, kl_cov_ratio: 2}\n", "loss.policy.kl_cov_ratio: Input should be less than or "
+                                                           "equal to 1"),
+    ("loss:\n  policy: {type: clip_cov, clip_cov_lb: 5, clip_cov_ub: 1}\n",
+     "loss.policy.clip_cov_lb (5.0) must be below loss.policy.clip_cov_ub (1.0)"),
+    ("loss:\n  policy: {type: sapo, clip_high: 0.2}\n", "loss.policy.clip_high: not a field with loss.policy.type "
+                                                        "'sapo', whose fields are type, tau_pos, tau_neg, aggregation, "
+                                                        "norm_len (type 'ppo', 'gspo', 'cispo', 'gmpo' or 'clip_cov' "
+                                                        "has it)"),
+    ("loss:\n  policy: {type: gpg, dual_clip: 3}\n", "loss.policy.dual_clip: not a field with loss.policy.type "
+                                                     "'gpg'"),
+])
+def test_each_loss_s_constraints_name_the_field(tmp_path, text, expected):
+    lines = error(tmp_path, text)
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
 def test_ppo_is_the_default_and_a_mapping_without_its_tag_is_ppo(tmp_path):
     default = load(tmp_path, {}).loss.policy
     assert isinstance(default, config.PPOConfig) and (default.clip_low, default.clip_high) == (0.2, 0.2)
@@ -93,10 +135,16 @@ def test_every_variant_round_trips_through_yaml(tmp_path, sections):
 def test_a_field_of_another_variant_names_the_variant_and_where_each_was_set(tmp_path):
     lines = error(tmp_path, "loss:\n  policy: gspo\n", ["loss.policy.dual_clip=3"])
     assert lines == ["loss.policy.dual_clip: not a field with loss.policy.type 'gspo', whose fields are type, "
-                     "clip_low, clip_high (type 'ppo' has it)  (--set loss.policy.dual_clip=3, c.yaml:6)"]
+                     "clip_low, clip_high (type 'ppo' or 'clip_cov' has it)  (--set loss.policy.dual_clip=3, "
+                     "c.yaml:6)"]
     lines = error(tmp_path, "loss:\n  policy:\n    type: gspo\n    aggregation: token_mean\n")
     assert lines == ["loss.policy.aggregation: not a field with loss.policy.type 'gspo', whose fields are type, "
-                     "clip_low, clip_high (type 'ppo' has it)  (c.yaml:8, c.yaml:7)"]
+                     "clip_low, clip_high (type 'ppo', 'cispo', 'sapo', 'gpg', 'clip_cov' or 'kl_cov' has it)  "
+                     "(c.yaml:8, c.yaml:7)"]
+    # gmpo is sequence-level too: its aggregation is the paper's, and writing one is refused by name
+    lines = error(tmp_path, "loss:\n  policy:\n    type: gmpo\n    aggregation: token_mean\n")
+    assert lines[0].startswith("loss.policy.aggregation: not a field with loss.policy.type 'gmpo', whose fields are "
+                               "type, clip_low, clip_high (type 'ppo', ")
 
 
 def test_seq_mask_tis_has_no_level(tmp_path):
@@ -112,7 +160,8 @@ def test_k3_plus_is_not_offered_for_kl_in_the_reward(tmp_path):
 
 
 @pytest.mark.parametrize(("text", "overrides", "expected"), [
-    ("loss:\n  policy: grpo\n", [], "loss.policy.type: 'grpo' is not one of ppo, gspo  (c.yaml:6)"),
+    ("loss:\n  policy: grpo\n", [], "loss.policy.type: 'grpo' is not one of ppo, gspo, cispo, sapo, gmpo, gpg, "
+                                    "clip_cov, kl_cov  (c.yaml:6)"),
     ("", ["loss.kl.target=penalty"], "loss.kl.target: 'penalty' is not one of loss, reward  "
                                      "(--set loss.kl.target=penalty)"),
     ("learner:\n  lr_schedule: {type: linear}\n", [],
@@ -127,12 +176,13 @@ def test_an_unknown_tag_lists_the_variants(tmp_path, text, overrides, expected):
      "loss.clip_high is now loss.policy.clip_high: write `loss.policy: {type: ppo, clip_high: 0.28}` (gspo has its "
      "own default)  (c.yaml:6)"),
     ("loss:\n  policy: gspo\n  aggregation: seq_mean_token_mean\n",
-     "loss.aggregation is now loss.policy.aggregation, a field of the ppo objective only (gspo is sequence-level): "
-     "write `loss.policy: {type: ppo, aggregation: seq_mean_token_mean}`, or leave it out with gspo, which always "
-     "aggregates seq_mean_token_mean  (c.yaml:7, c.yaml:6)"),
+     "loss.aggregation is now loss.policy.aggregation, a field of the per-token objectives (not of gspo or gmpo, "
+     "which are sequence-level): write `loss.policy: {type: ppo, aggregation: seq_mean_token_mean}`, or leave it out "
+     "with gspo or gmpo, which always aggregate seq_mean_token_mean  (c.yaml:7, c.yaml:6)"),
     ("loss:\n  norm_len: 512\n",
-     "loss.norm_len is now loss.policy.norm_len, a field of the ppo objective only (gspo is sequence-level): write "
-     "`loss.policy: {type: ppo, aggregation: seq_mean_token_sum_norm, norm_len: 512}`  (c.yaml:6)"),
+     "loss.norm_len is now loss.policy.norm_len, a field of the per-token objectives (not of gspo or gmpo, which are "
+     "sequence-level): write `loss.policy: {type: ppo, aggregation: seq_mean_token_sum_norm, norm_len: 512}`  "
+     "(c.yaml:6)"),
     ("learner:\n  lr_schedule: cosine\n  min_lr_ratio: 0.1\n",
      "learner.min_lr_ratio is now learner.lr_schedule.min_lr_ratio, a field of the cosine schedule only: write "
      "`learner.lr_schedule: {type: cosine, min_lr_ratio: 0.1}`  (c.yaml:7, c.yaml:6)"),

@@ -316,3 +316,17 @@ def test_samples_to_read_are_written_every_few_steps(tmp_path, tiny_model_dir):
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"tensors": 0})
     events.Reload()
     assert "samples/text_summary" in events.Tags()["tensors"]
+
+
+@pytest.mark.parametrize("overrides", [
+    ("loss.policy=clip_cov", "loss.policy.clip_cov_ratio=0.1", "loss.policy.clip_cov_lb=-10"),
+    ("loss.policy=kl_cov", "loss.policy.kl_cov_ratio=0.1", "loop.mode=async", "loop.max_staleness=1"),
+], ids=["clip_cov-sync", "kl_cov-async"])
+def test_the_covariance_losses_train_on_the_tokens_the_driver_selects(tmp_path, tiny_model_dir, overrides):
+    # The learners score the old log-probs before the update (the selection needs them), the driver selects over
+    # each of the 2 mini-batches of 8 sequences, and the learners act on a tenth of the tokens, at least one in each.
+    cfg = local_config(tmp_path, tiny_model_dir, "learner.mini_batch_size=8", "learner.micro_batch_size=8", *overrides)
+    assert not cfg.old_logprobs_in_update
+    history = train(cfg, rollout_worker=HFRolloutWorker)
+    assert [h["learner/optimizer_steps"] for h in history] == [2, 4, 6, 8]
+    assert all(0 < h["policy/cov_frac"] <= 0.1 for h in history), [h["policy/cov_frac"] for h in history]

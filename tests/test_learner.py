@@ -10,7 +10,19 @@ import pytest
 import torch
 
 from distrl import checkpoint
-from distrl.config import LearnerConfig, LossConfig, ModelConfig, RatioCorrection
+from distrl.batching import select_by_covariance
+from distrl.config import (
+    CISPOConfig,
+    ClipCovConfig,
+    GMPOConfig,
+    GPGConfig,
+    KLCovConfig,
+    LearnerConfig,
+    LossConfig,
+    ModelConfig,
+    RatioCorrection,
+    SAPOConfig,
+)
 from distrl.merging import values
 from distrl.types.batches import Sequences, TrainBatch
 from distrl.workers.training.learner import Learner, NonFiniteError
@@ -269,3 +281,38 @@ def test_a_checkpoint_is_resumed_only_with_the_strategy_that_wrote_it(tiny_model
     with pytest.raises(RuntimeError, match=r"written by learners with learner\.strategy 'replicate', and this run "
                                            r"has 'fsdp'"):
         resumed.load_checkpoint(str(path / "policy"), 1)
+
+
+# Every other loss, with parameters that make it act on this tiny batch: clip ranges that bind once the first step has
+# moved the weights, and covariance fractions that select a few of its 37 tokens per mini-batch.
+OTHER_LOSSES = [CISPOConfig(clip_low=0.2, clip_high=0.2), SAPOConfig(), GMPOConfig(clip_low=0.1, clip_high=0.1),
+                GPGConfig(), ClipCovConfig(clip_cov_ratio=0.1, clip_cov_lb=0.0), KLCovConfig(kl_cov_ratio=0.1)]
+
+
+@pytest.mark.parametrize("policy", OTHER_LOSSES, ids=[p.type for p in OTHER_LOSSES])
+def test_every_loss_trains_the_same_in_micro_batches_and_packed_as_in_one_pass(tiny_model_dir, policy):
+    # Two mini-batches of the 8 ragged rows each, through the learner's chunked head: one micro-batch of 8 rows,
+    # padded micro-batches of 2 rows, and packed micro-batches under a budget of 30 tokens give the same figures and
+    # the same weights. The old log-probs are the learner's moved by +-0.05 (a stale batch): ratios leave 1 from
+    # the first step, so that the clips, gates and KL-Cov's penalty act (at r = 1 exactly, |log r|'s gradient would
+    # be the sign of the passes' rounding). The covariance losses get the tokens the driver selects over each whole
+    # mini-batch.
+    loss = LossConfig(policy=policy, correction=RatioCorrection(mode="tis", low=0.0, high=2.0), entropy_coef=0.01)
+    learners = [sgd(make_learner(tiny_model_dir, loss, micro_batch_size=size, **budget))
+                for size, budget in ((8, {}), (2, {}), (8, {"max_tokens_per_micro_batch": 30}))]
+    before = weights(learners[0])
+    data = scored(learners[0], TrainBatch.concat([ragged_batch(), ragged_batch()]))
+    shift = 0.05 * torch.where(torch.arange(8) % 2 == 0, 1.0, -1.0) * data.response_mask
+    data = replace(data, old_logprobs=data.old_logprobs + shift)
+    if isinstance(policy, ClipCovConfig | KLCovConfig):
+        selected = select_by_covariance(data.old_logprobs, data.advantages, data.response_mask, policy, 2, seed=0)
+        assert selected.sum() == 2 * 3  # floor(0.1 x 37) = 3 in each mini-batch
+        data = replace(data, cov_selected=selected)
+    figures = [update(learner, data) for learner in learners]
+    assert figures[0]["learner/optimizer_steps"] == 2
+    for other in figures[1:]:
+        differ = {key for key, value in figures[0].items() if other[key] != pytest.approx(value, rel=1e-5, abs=1e-7)}
+        assert differ <= {"is_ess"}, {k: (figures[0][k], other[k]) for k in differ}  # is_ess: see the budget test
+    for learner in learners[1:]:
+        worst = step_difference(weights(learners[0]), weights(learner), before)
+        assert worst < 1e-5, f"relative weight-change difference {worst}"

@@ -15,8 +15,9 @@ from test_learner import batch, make_learner, update
 from test_sharding import _spawn
 
 from distrl import checkpoint
-from distrl.config import FSDPStrategy, ReplicateStrategy
-from distrl.merging import values
+from distrl.batching import select_by_covariance
+from distrl.config import ClipCovConfig, FSDPStrategy, KLCovConfig, LossConfig, ReplicateStrategy
+from distrl.merging import Figures, merge, values
 from distrl.types.batches import TrainBatch
 from distrl.workers.weights.export import Bucket
 from distrl.workers.weights.fingerprint import add, first_mismatch, of_blocks
@@ -114,6 +115,81 @@ PUSH_REGIONS = {"model.embed_tokens.weight": [(0, 0, 256), (0, 256, 256)],
                 "model.layers.0.self_attn.o_proj.weight": [(1, 0, 64), (1, 64, 64)],
                 "model.norm.weight": [None]}
 """Regions of a few tensors as an engine at TP 2 holds them: vocabulary halves, row-parallel column halves, whole."""
+
+
+# ------------------------------------------------------------------------------- Clip-Cov and KL-Cov over shards
+COVARIANCE_LOSSES = [LossConfig(policy=ClipCovConfig(clip_cov_ratio=0.1, clip_cov_lb=0.0)),
+                     LossConfig(policy=KLCovConfig(kl_cov_ratio=0.1))]
+"""Fractions that select a few of the uneven batch's tokens in each of its two mini-batches (2 of 24, 2 of 22)."""
+
+
+def covariance_batches(model_dir: Path) -> list[TrainBatch]:
+    """`uneven_batch` (2 mini-batches) with old log-probs a fresh learner's moved by +-0.05 (a stale batch, whose
+    ratios leave 1 from the first step) and, for each of COVARIANCE_LOSSES, the tokens the driver selects over each
+    whole mini-batch (`select_by_covariance`), before the batch is dealt to the learners."""
+    data = uneven_batch()
+    shift = 0.05 * torch.where(torch.arange(6) % 2 == 0, 1.0, -1.0) * data.response_mask
+    data = replace(data, old_logprobs=make_learner(model_dir, **SETTINGS).logprobs(data.sequences) + shift)
+    return [replace(data, cov_selected=select_by_covariance(data.old_logprobs, data.advantages, data.response_mask,
+                                                            loss.policy, 2, seed=0)) for loss in COVARIANCE_LOSSES]
+
+
+def covariance_updates(learner, batches: list[TrainBatch]) -> list[Figures]:
+    """Clip-Cov's update, then KL-Cov's, each on its batch (two optimizer steps each): each update's figures."""
+    figures = []
+    for loss, data in zip(COVARIANCE_LOSSES, batches, strict=True):
+        learner.loss_cfg = loss  # one learner (one process group) trains with one loss, then the other
+        figures.append(learner.update(data))
+    return figures
+
+
+def covariance_figures(updates: list[Figures]) -> dict[str, torch.Tensor]:
+    return {key: torch.tensor([f[key].value for f in updates]) for key in ("loss/policy", "cov_frac",
+                                                                           "learner/grad_norm")}
+
+
+def scenario_covariance(rank: int, world: int, port: int, model_dir: Path, out: Path, strategy: str) -> dict:
+    """Two learners, each on its shard of the batches `covariance_batches` made (saved by the test in `out`); their
+    figures merged over both, as the driver merges them."""
+    learner = make_learner(model_dir, strategy=FSDPStrategy() if strategy == "fsdp" else ReplicateStrategy(),
+                           **SETTINGS)
+    learner.connect("127.0.0.1", port, rank, world)
+    saved = torch.load(out / "batches.pt", weights_only=True)
+    batches = [replace(uneven_batch(), old_logprobs=saved["old_logprobs"], cov_selected=selected)
+               for selected in saved["cov_selected"]]
+    mine = covariance_updates(learner, [data.shard(world, 2)[rank] for data in batches])
+    every: list = [None] * world
+    torch.distributed.all_gather_object(every, mine)
+    merged = [merge(parts, [p["learner/tokens"].value for p in parts]) for parts in zip(*every, strict=True)]
+    return {**covariance_figures(merged), **full_weights(learner)}
+
+
+def scenario_covariance_replicate(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
+    return scenario_covariance(rank, world, port, model_dir, out, "replicate")
+
+
+def scenario_covariance_fsdp(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
+    return scenario_covariance(rank, world, port, model_dir, out, "fsdp")
+
+
+@pytest.mark.parametrize("strategy", ["replicate", "fsdp"])
+def test_two_learners_cut_and_penalise_the_tokens_the_whole_batch_selects(tiny_model_dir, tmp_path, strategy):
+    # The selection travels with the rows: each learner's micro-batches (2 rows) act on exactly the tokens one
+    # learner with the whole batch acts on, so the two train as that one does, step for step.
+    batches = covariance_batches(tiny_model_dir)
+    assert [int(b.cov_selected.sum()) for b in batches] == [4, 4]  # 2 in each mini-batch
+    torch.save({"old_logprobs": batches[0].old_logprobs, "cov_selected": [b.cov_selected for b in batches]},
+               tmp_path / "batches.pt")
+    result = _spawn(f"test_learner_fsdp:scenario_covariance_{strategy}", tiny_model_dir, tmp_path)
+    single = make_learner(tiny_model_dir, **SETTINGS)
+    expected = covariance_figures(covariance_updates(single, [b.shard(1, 2)[0] for b in batches]))
+    assert (expected["cov_frac"] > 0).all()
+    for key in ("cov_frac", "loss/policy", "learner/grad_norm"):
+        torch.testing.assert_close(result.pop(key), expected[key], rtol=1e-5, atol=1e-7, msg=key)
+    weights = full_weights(single)
+    assert result.keys() == weights.keys()
+    for name, w in weights.items():
+        torch.testing.assert_close(result[name], w, rtol=0, atol=3e-5, msg=name)
 
 
 @pytest.fixture(scope="module")

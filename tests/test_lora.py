@@ -13,19 +13,20 @@ import pytest
 import torch
 
 from distrl import checkpoint
+from distrl.batching import select_by_covariance
 from distrl.config import LearnerConfig, LoraConfig, LossConfig, ModelConfig, from_dict
 from distrl.workers.training import lora
 from distrl.workers.training.learner import Learner
 from distrl.workers.training.model import load_causal_lm, response_logprobs
 from distrl.workers.weights import fingerprint
-from tests.test_learner import batch, save, scored, update
+from tests.test_learner import OTHER_LOSSES, batch, ragged_batch, save, scored, sgd, update
 
 LORA = {"rank": 8, "alpha": 32.0, "target_modules": ["q_proj", "v_proj", "o_proj", "down_proj"]}
 
 
-def make_lora_learner(model_dir, **learner) -> Learner:
+def make_lora_learner(model_dir, loss: LossConfig | None = None, **learner) -> Learner:
     cfg = LearnerConfig(**{"lr": 1e-2, "micro_batch_size": 4, "max_grad_norm": None, "lora": LORA, **learner})
-    return Learner(ModelConfig(path=str(model_dir)), cfg, LossConfig(), temperature=1.0, norm_len=6,
+    return Learner(ModelConfig(path=str(model_dir)), cfg, loss or LossConfig(), temperature=1.0, norm_len=6,
                    mini_batch_size=8, total_optimizer_steps=10, seed=0)
 
 
@@ -144,6 +145,32 @@ def test_only_the_adapters_train_and_the_reference_is_the_base_model(tiny_model_
     assert torch.allclose(learner.ref_logprobs(data.sequences), expected, atol=1e-6)
     assert torch.allclose(ref_before, expected, atol=1e-6)  # B = 0 at the start: policy = base
     assert torch.allclose(before, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("policy", OTHER_LOSSES, ids=[p.type for p in OTHER_LOSSES])
+def test_every_loss_trains_the_adapters_alike_in_micro_batches(tiny_model_dir, policy):
+    # With each loss, only the adapters move, and micro-batches of 2 rows move them as one pass of 8 rows does
+    # (a stale batch, old log-probs moved by +-0.05, so that ratios leave 1; the covariance losses' tokens selected
+    # over the whole batch).
+    learners = [sgd(make_lora_learner(tiny_model_dir, LossConfig(policy=policy), micro_batch_size=size))
+                for size in (8, 2)]
+    for learner in learners:
+        randomize_b(learner.model)  # B = 0 would give A no gradient
+    frozen = {n: p.detach().clone() for n, p in learners[0].model.named_parameters() if not p.requires_grad}
+    data = scored(learners[0], ragged_batch())
+    shift = 0.05 * torch.where(torch.arange(8) % 2 == 0, 1.0, -1.0) * data.response_mask
+    data = replace(data, old_logprobs=data.old_logprobs + shift)
+    if policy.type in ("clip_cov", "kl_cov"):
+        data = replace(data, cov_selected=select_by_covariance(data.old_logprobs, data.advantages,
+                                                               data.response_mask, policy, 1, seed=0))
+    figures = [update(learner, data) for learner in learners]
+    assert figures[1]["loss/policy"] == pytest.approx(figures[0]["loss/policy"], rel=1e-5, abs=1e-7)
+    adapters = [{n: p.detach() for n, p in learner.model.named_parameters() if p.requires_grad}
+                for learner in learners]
+    assert adapters[0].keys() and all("lora_" in n for n in adapters[0])
+    for name, value in adapters[0].items():
+        torch.testing.assert_close(adapters[1][name], value, rtol=1e-4, atol=1e-6, msg=name)
+    assert all(torch.equal(p, frozen[n]) for n, p in learners[0].model.named_parameters() if not p.requires_grad)
 
 
 def test_the_export_is_the_adapters_and_their_fingerprint_is_what_vllm_holds(tiny_model_dir):

@@ -314,3 +314,13 @@ def test_an_environments_figures_are_means_over_the_episodes_that_report_them():
     # correct: episodes 1.0 and 0.0; calls: only the first episode reports it.
     assert (m["env/correct"], m["env/calls"]) == (0.5, 2.0)
     assert not any(k.startswith("env/") for k in episode_metrics(batch.rollouts))
+
+
+def test_every_loss_figure_has_the_name_users_read():
+    # Each figure compute_loss reports (any loss.policy.type) is renamed for metrics.jsonl and the dashboards, but the
+    # loss terms, which keep their names.
+    from distrl.algo.loss import MERGE
+    from distrl.run_dir import RENAMES
+
+    assert {key for key in MERGE if key not in RENAMES} == {"loss/policy", "loss/kl", "loss/entropy", "loss/total"}
+    assert RENAMES["cov_frac"] == "policy/cov_frac" and RENAMES["seq_ratio_max"] == "policy/seq_ratio_max"

@@ -7,9 +7,10 @@ CPU build `where` costs ~18x a float add and a boolean comparison ~4x. About 3/4
 with its metrics, 1/4 autograd's backward.
 
 What this path does instead:
-- The loss is a sum of per-token functions of `logprobs` (everything else, GSPO's sequence ratio included, is a
-  constant), so d loss / d logprobs_it is that token's own derivative times its aggregation weight. The forward pass
-  forms it from values it computes anyway (`clipped_surrogate_with_grad`, `kl_estimate_with_grad`); the backward
+- The loss is a sum of per-token functions of `logprobs` (everything else is a constant: GSPO's and GMPO's sequence
+  ratios, CISPO's weights, the covariance losses' selection), so d loss / d logprobs_it is that token's own
+  derivative times its aggregation weight. The forward pass forms it from values it computes anyway
+  (`clipped_surrogate_with_grad` and each type's term in `fused_policy.py`, `kl_estimate_with_grad`); the backward
   pass is one multiplication (`KnownGradient`).
 - Padding is zeroed once per input by a bitwise AND of the float's bits with an all-ones / all-zeros integer mask:
   the bits of `torch.where(valid, x, 0)` (NaN and inf in padding become +0) at the cost of an add. Every later
@@ -34,10 +35,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from distrl.algo.correction import correction_with_metrics
+from distrl.algo.fused_policy import FUSED, NEEDS_LOGPROBS, TokenTerms
 from distrl.algo.kl import kl_estimate_with_grad
 from distrl.algo.loss_inputs import LossInputs, kl_in_loss
 from distrl.algo.masked import Aggregation, normaliser
-from distrl.algo.policy import clipped_surrogate_with_grad
 from distrl.config import LossConfig
 
 _INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -124,7 +125,7 @@ def fused_loss(x: LossInputs, cfg: LossConfig, grad_logprobs: bool, grad_entropy
     tokens = Tokens(x.mask, dtype)
     agg = _Aggregate(tokens, cfg.policy.aggregation, x, x.norm_len or cfg.policy.norm_len)
     one, count = torch.ones((), dtype=dtype, device=x.logprobs.device), tokens.count.clamp(min=1)
-    needs_logprobs = cfg.policy.type == "gspo" or x.ref_logprobs is not None
+    needs_logprobs = cfg.policy.type in NEEDS_LOGPROBS or x.ref_logprobs is not None
     logprobs = tokens.zero_padding(x.logprobs.detach()) if needs_logprobs else None
 
     metrics: dict[str, torch.Tensor] = {}
@@ -163,31 +164,25 @@ def fused_loss(x: LossInputs, cfg: LossConfig, grad_logprobs: bool, grad_entropy
 def _policy(x: LossInputs, cfg: LossConfig, tokens: Tokens, agg: _Aggregate, logprobs: torch.Tensor | None,
             weights: torch.Tensor | None, grad_logprobs: bool,
             ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
-    """aggregate(w * pg), its gradient with respect to logprobs `[B, T]` (or None), and clip_frac, dual_clip_frac,
-    ppo_kl. `logprobs`: zeroed on padding (GSPO needs it)."""
+    """aggregate(w * pg), its gradient with respect to logprobs `[B, T]` (or None), and the policy's figures with
+    ppo_kl (`fused_policy.FUSED`, by `cfg.policy.type`). `logprobs`: zeroed on padding (the types in
+    `NEEDS_LOGPROBS` read it)."""
+    if cfg.policy.type not in FUSED:
+        raise ValueError(f"unknown policy loss {cfg.policy.type!r}; expected one of {', '.join(FUSED)}")
     count = tokens.count.clamp(min=1)
     diff = tokens.zero_padding(x.logprobs.detach() - x.old_logprobs.detach(), in_place=True)  # log pi - log pi_old
     ppo_kl = -diff.sum() / count
-    if cfg.policy.type == "gspo":  # gspo_log_ratio: sg(log s_i) + log pi - sg(log pi)
-        assert logprobs is not None
-        log_ratio = (diff.sum(-1) / tokens.lengths.clamp(min=1)).unsqueeze(-1) + logprobs - logprobs
-        del diff
-    elif cfg.policy.type == "ppo":
-        log_ratio = diff
-    else:
-        raise ValueError(f"unknown policy loss {cfg.policy.type!r}; expected 'ppo' or 'gspo'")
+    selected = None if x.cov_selected is None else tokens.zero_padding(x.cov_selected.detach().to(count.dtype))
     upstream = agg.coef(torch.ones((), dtype=count.dtype, device=count.device)) if grad_logprobs else None
-    pg, grad, clipped, dual_clipped = clipped_surrogate_with_grad(
-        log_ratio, tokens.zero_padding(x.advantages.detach()), upstream, cfg.policy.clip_low, cfg.policy.clip_high,
-        cfg.policy.dual_clip)
+    terms = TokenTerms(diff, logprobs, tokens.zero_padding(x.advantages.detach()), tokens.valid, tokens.lengths,
+                       count, selected, upstream)
+    pg, grad, metrics = FUSED[cfg.policy.type](terms, cfg.policy)
+    del terms, diff
     if weights is not None:  # d (w pg) / d pg = w
         pg.mul_(weights)
         if grad is not None:
             grad.mul_(weights)
-    metrics = {"clip_frac": clipped.to(count.dtype) / count,
-               "dual_clip_frac": count.new_zeros(()) if dual_clipped is None else dual_clipped.to(count.dtype) / count,
-               "ppo_kl": ppo_kl}
-    return agg(pg), grad, metrics
+    return agg(pg), grad, {**metrics, "ppo_kl": ppo_kl}
 
 
 class KnownGradient(torch.autograd.Function):

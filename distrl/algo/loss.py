@@ -28,7 +28,10 @@ MERGE = {**correction.MERGE,
          # partial sums of the global loss (global normalisers): they add up over micro-batches and learners
          "loss/policy": Merge.SUM, "loss/kl": Merge.SUM, "loss/entropy": Merge.SUM, "loss/total": Merge.SUM,
          "clip_frac": Merge.TOKEN_MEAN, "dual_clip_frac": Merge.TOKEN_MEAN, "ppo_kl": Merge.TOKEN_MEAN,
-         "kl_ref": Merge.TOKEN_MEAN, "entropy": Merge.TOKEN_MEAN}
+         "kl_ref": Merge.TOKEN_MEAN, "entropy": Merge.TOKEN_MEAN,
+         # the other losses' own figures (`policy_terms.py`): seq_ratio_mean is weighted by the sequences' tokens
+         "cov_frac": Merge.TOKEN_MEAN, "gate_mean": Merge.TOKEN_MEAN, "gated_frac": Merge.TOKEN_MEAN,
+         "seq_ratio_mean": Merge.TOKEN_MEAN, "seq_ratio_min": Merge.MIN, "seq_ratio_max": Merge.MAX}
 """How each metric of `compute_loss` merges over micro-batches and learners (`distrl.merging`)."""
 
 
@@ -53,11 +56,12 @@ def compute_loss(inputs: LossInputs, cfg: LossConfig) -> LossOutput:
         loss = aggregate(w * pg) + kl.coef * aggregate(kl) - entropy_coef * aggregate(entropy)
 
     w          detached rollout-correction weights (`rollout_correction`; 1 when `cfg.correction` is null)
-    pg         PPO / GSPO clipped per-token term (`policy_term`) from logprobs, old_logprobs, advantages
+    pg         the per-token term of `cfg.policy.type` (`policy_term`: PPO, GSPO, CISPO, SAPO, GMPO, GPG, Clip-Cov,
+               KL-Cov) from logprobs, old_logprobs, advantages (and cov_selected, for the covariance losses)
     kl         `kl_estimate(logprobs, ref_logprobs, cfg.kl.estimator)`; its term only for kl.target 'loss', coef > 0
     entropy    per-token entropy; its term only for entropy_coef > 0
-    aggregate  `cfg.policy.aggregation` (GSPO's is seq_mean_token_mean), divided by the inputs' global normalisers
-               when given
+    aggregate  `cfg.policy.aggregation` (GSPO's and GMPO's is seq_mean_token_mean), divided by the inputs' global
+               normalisers when given
 
     Gradient flows to `logprobs` and `entropy` only, as in `reference_loss`.
     """

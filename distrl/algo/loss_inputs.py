@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from distrl.config import LossConfig
+from distrl.config import COVARIANCE_TYPES, LossConfig
 
-TENSORS = ("logprobs", "old_logprobs", "advantages", "rollout_logprobs", "ref_logprobs", "entropy")
+TENSORS = ("logprobs", "old_logprobs", "advantages", "rollout_logprobs", "ref_logprobs", "entropy", "cov_selected")
 
 
 @dataclass
@@ -22,6 +22,9 @@ class LossInputs:
     rollout_logprobs  log pi_rollout(o_t) from the sampler (vLLM); needed by `loss.correction`
     ref_logprobs      log pi_ref(o_t); needed by a KL term in the loss
     entropy           H_t of the current policy (carries gradient); needed by `loss.entropy_coef > 0`
+    cov_selected      1 (or True) on the tokens the whole batch selected by covariance, 0 elsewhere; needed by
+                      `loss.policy.type` clip_cov and kl_cov (`distrl.algo.covariance_selection`, made on the whole
+                      batch before it is split, then split with it)
     num_tokens        valid tokens in the whole (global) batch; null means this shard's own count
     num_seqs          non-empty sequences in the whole batch; null means this shard's own count
     norm_len          seq_mean_token_sum_norm's divisor; overrides `loss.policy.norm_len`; both null means T
@@ -34,6 +37,7 @@ class LossInputs:
     rollout_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
+    cov_selected: torch.Tensor | None = None
     num_tokens: float | None = None
     num_seqs: float | None = None
     norm_len: int | None = None
@@ -56,6 +60,10 @@ def require_inputs(inputs: LossInputs, cfg: LossConfig) -> None:
     if kl_in_loss(cfg) and inputs.ref_logprobs is None:
         raise ValueError(f"loss.kl.coef ({cfg.kl.coef}) > 0 with loss.kl.target 'loss' needs "
                          "LossInputs.ref_logprobs (reference-model log-probs)")
+    if cfg.policy.type in COVARIANCE_TYPES and inputs.cov_selected is None:
+        raise ValueError(f"loss.policy.type '{cfg.policy.type}' acts on the tokens the whole batch selects by "
+                         "covariance: pass LossInputs.cov_selected (distrl.algo.covariance_selection over the whole "
+                         "batch, before it is split into micro-batches or shards)")
     if cfg.entropy_coef > 0 and inputs.entropy is None:
         raise ValueError(f"loss.entropy_coef ({cfg.entropy_coef}) > 0 needs LossInputs.entropy "
                          "(see distrl.algo.entropy_from_logits)")

@@ -1,9 +1,10 @@
 """`reference_loss`: the policy loss as the plain composition of the small functions, differentiated by autograd.
 
 This is the definition that `compute_loss` (the fused path in `distrl.algo.fused_loss`) must reproduce: three small
-functions composed in one place — correction weights (detached), the PPO/GSPO per-token term, the KL estimate — then
-one `aggregate` call per term. It reads like the formula and is slow (about 30 passes over `[B, T]` and an autograd
-graph of as many nodes); tests compare the two on every mode and `bench/bench_loss.py` times both.
+functions composed in one place — correction weights (detached), the policy's per-token term (`policy_term`, one per
+`loss.policy.type`), the KL estimate — then one `aggregate` call per term. It reads like the formula and is slow
+(about 30 passes over `[B, T]` and an autograd graph of as many nodes); tests compare the two on every mode and
+`bench/bench_loss.py` times both.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from distrl.algo.correction import mismatch_metrics, rollout_correction
 from distrl.algo.kl import kl_estimate
 from distrl.algo.loss_inputs import TENSORS, LossInputs, kl_in_loss, require_inputs
 from distrl.algo.masked import aggregate, masked_mean, valid_of, zero_padding
-from distrl.algo.policy import policy_term
+from distrl.algo.policy_terms import policy_term
 from distrl.config import CorrectionConfig, LossConfig
 
 
@@ -33,8 +34,7 @@ def reference_loss(inputs: LossInputs, cfg: LossConfig) -> tuple[torch.Tensor, d
                   norm_len=x.norm_len or cfg.policy.norm_len)
 
     w, metrics = _correction_weights(x, cfg.correction)
-    pg, clipped, dual_clipped = policy_term(x.logprobs, x.old_logprobs, x.advantages, x.mask, cfg.policy.type,
-                                            cfg.policy.clip_low, cfg.policy.clip_high, cfg.policy.dual_clip)
+    pg, policy_metrics = policy_term(x, cfg.policy)
     kl = None if x.ref_logprobs is None else kl_estimate(x.logprobs, x.ref_logprobs, cfg.kl.estimator)
 
     zero = pg.new_zeros(())
@@ -44,9 +44,7 @@ def reference_loss(inputs: LossInputs, cfg: LossConfig) -> tuple[torch.Tensor, d
     loss = policy_loss + cfg.kl.coef * kl_loss - cfg.entropy_coef * entropy_loss
 
     metrics.update({"loss/policy": policy_loss, "loss/kl": kl_loss, "loss/entropy": entropy_loss, "loss/total": loss,
-                    "clip_frac": masked_mean(clipped.to(pg.dtype), x.mask),
-                    "dual_clip_frac": masked_mean(dual_clipped.to(pg.dtype), x.mask),
-                    "ppo_kl": masked_mean((x.old_logprobs - x.logprobs).detach(), x.mask)})
+                    **policy_metrics, "ppo_kl": masked_mean((x.old_logprobs - x.logprobs).detach(), x.mask)})
     if kl is not None:
         metrics["kl_ref"] = masked_mean(kl.detach(), x.mask)
     if x.entropy is not None:

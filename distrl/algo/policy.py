@@ -7,8 +7,6 @@ Inputs are expected to be zero on padding already (`compute_loss` does that), so
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from distrl.algo.masked import masked_mean
@@ -69,27 +67,17 @@ def clipped_surrogate(
     return pg, clipped, dual_clipped
 
 
-def policy_term(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    policy: Literal["ppo", "gspo"],
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token policy loss `pg` `[B, T]` of PPO or GSPO (clipped alike), plus the `clipped` / `dual_clipped`
-    masks `[B, T]` for metrics. All inputs `[B, T]`; only `logprobs` carries gradient."""
-    old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
-    if policy == "ppo":
-        log_ratio = ppo_log_ratio(logprobs, old_logprobs)
-    elif policy == "gspo":
-        log_ratio = gspo_log_ratio(logprobs, old_logprobs, mask)
-    else:
-        raise ValueError(f"unknown policy loss {policy!r}; expected 'ppo' or 'gspo'")
-    return clipped_surrogate(log_ratio, advantages, clip_low, clip_high, dual_clip)
-
+def sequence_ratio_metrics(ratio: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How far the sequences' ratios (GSPO's s_i, GMPO's rho_i; `ratio` `[B]`) strayed from 1, as 0-dim tensors:
+    seq_ratio_mean (weighted by each sequence's valid tokens `lengths` `[B]`, so that it merges over micro-batches
+    as a token mean), seq_ratio_min, seq_ratio_max (over non-empty sequences; all 0 when there is none)."""
+    weights = lengths.to(ratio.dtype)
+    present = weights > 0
+    any_present = present.any()
+    low = torch.where(present, ratio, torch.inf).amin() if ratio.numel() else ratio.new_zeros(())
+    high = torch.where(present, ratio, -torch.inf).amax() if ratio.numel() else ratio.new_zeros(())
+    return {"seq_ratio_mean": (ratio * weights).sum() / weights.sum().clamp(min=1),
+            "seq_ratio_min": torch.where(any_present, low, 0.0), "seq_ratio_max": torch.where(any_present, high, 0.0)}
 
 
 def clipped_surrogate_with_grad(

@@ -29,8 +29,20 @@ from distrl.config.learner import (
 )
 from distrl.config.loading import from_dict, load, to_yaml
 from distrl.config.loop import AsyncLoop, Loop, SyncLoop
-from distrl.config.loss import GSPOConfig, KLConfig, KLInLoss, KLInReward, LossConfig, PolicyConfig, PPOConfig
+from distrl.config.loss import KLConfig, KLInLoss, KLInReward, LossConfig
 from distrl.config.model import DataConfig, ModelConfig
+from distrl.config.policy import (
+    COVARIANCE_TYPES,
+    CISPOConfig,
+    ClipCovConfig,
+    GMPOConfig,
+    GPGConfig,
+    GSPOConfig,
+    KLCovConfig,
+    PolicyConfig,
+    PPOConfig,
+    SAPOConfig,
+)
 from distrl.config.reward import RewardConfig
 from distrl.config.rollout import DynamicSamplingConfig, RolloutConfig, SamplingConfig
 from distrl.config.root import Config
@@ -39,8 +51,11 @@ from distrl.config.sources import ConfigError
 from distrl.config.trackers import MlflowConfig, WandbConfig
 
 __all__ = [
+    "COVARIANCE_TYPES",
     "AlgorithmConfig",
     "AsyncLoop",
+    "CISPOConfig",
+    "ClipCovConfig",
     "ClusterConfig",
     "Config",
     "ConfigError",
@@ -55,9 +70,12 @@ __all__ = [
     "EvalSamplingConfig",
     "EvalSetConfig",
     "FSDPStrategy",
+    "GMPOConfig",
+    "GPGConfig",
     "GSPOConfig",
     "HybridConfig",
     "KLConfig",
+    "KLCovConfig",
     "KLInLoss",
     "KLInReward",
     "LRSchedule",
@@ -78,6 +96,7 @@ __all__ = [
     "RolloutConfig",
     "RolloutResources",
     "RunConfig",
+    "SAPOConfig",
     "SamplingConfig",
     "SeqMaskTISCorrection",
     "Strategy",

@@ -22,6 +22,7 @@ from distrl.config.loop import AsyncLoop, Loop, SyncLoop
 from distrl.config.loss import LossConfig
 from distrl.config.model import DataConfig, ModelConfig
 from distrl.config.nodes import elastic_problems, unused_placement_problems
+from distrl.config.policy import COVARIANCE_TYPES
 from distrl.config.reward import RewardConfig
 from distrl.config.rollout import RolloutConfig
 from distrl.config.run import RunConfig
@@ -89,10 +90,12 @@ class Config(Section):
     def old_logprobs_in_update(self) -> bool:
         """Whether the learners take the old log-probs from the update's own forward pass (see
         `algorithm.old_logprobs`): the update is a single optimizer step from the proximal policy, and nothing needs
-        the old log-probs before it (KL in the reward does)."""
+        the old log-probs before it (KL in the reward does, and so does a loss that selects tokens by covariance over
+        the whole batch, `COVARIANCE_TYPES`)."""
         return (self.algorithm.old_logprobs == "recompute" and self.learner.ppo_epochs == 1
                 and self.mini_batch_size == self.global_batch_size
-                and not (self.loss.kl.target == "reward" and self.loss.kl.coef > 0))
+                and not (self.loss.kl.target == "reward" and self.loss.kl.coef > 0)
+                and self.loss.policy.type not in COVARIANCE_TYPES)
 
     @property
     def needs_ref_logprobs(self) -> bool:

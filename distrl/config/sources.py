@@ -115,7 +115,9 @@ def _message(e: ErrorDetails, variants: VariantsByPath) -> tuple[tuple[str, ...]
         union = variants[union_path]
         fields = ", ".join(union.fields(tag))
         owners = [t for t in union.tags_with(loc[-1]) if union.classes[t] is not union.classes[tag]]
-        hint = f" ({union.key} {' or '.join(map(repr, owners))} has it)" if owners else ""
+        named = [repr(owner) for owner in owners]
+        listed = ", ".join(named[:-1]) + " or " + named[-1] if len(named) > 1 else "".join(named)
+        hint = f" ({union.key} {listed} has it)" if owners else ""
         return loc, f"not a field with {'.'.join(key)} {tag!r}, whose fields are {fields}{hint}", key
     if _FIELD_PATH.search(msg):  # a check of the variant's own, which names its fields already
         return loc, msg, ()

@@ -18,14 +18,14 @@ import torch
 
 from distrl import checkpoint, merging
 from distrl.algo import metrics_by_staleness
-from distrl.batching import advantages, gae_advantages
+from distrl.batching import advantages, gae_advantages, select_by_covariance
 from distrl.cluster import rewards
 from distrl.cluster.batch_stats import BatchStats, staleness_metrics
 from distrl.cluster.group import ActorGroup
 from distrl.cluster.producer import Producer
 from distrl.cluster.roles import Roles
 from distrl.cluster.weight_sync import SyncStats
-from distrl.config import Config
+from distrl.config import ClipCovConfig, Config, KLCovConfig
 from distrl.data.stream import PromptStream
 from distrl.evaluation import write_samples
 from distrl.evaluator import Evaluator
@@ -105,8 +105,9 @@ def start_values(job: Job, sequences: Sequences) -> list[Any] | None:
 def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: list[Any] | None,
                    old: list[Any] | None, values: list[Any] | None, step: int) -> tuple[TrainBatch, dict[str, float]]:
     """Wait for the reference and old log-probs and the critic's values (the engines keep generating meanwhile),
-    compute advantages: the complete `TrainBatch` of `step`, and its advantage, staleness and per-staleness
-    correction metrics. `time/reference`, `time/old_logprobs` and `time/values` are the waits for each in turn."""
+    compute advantages (and, for Clip-Cov and KL-Cov, their tokens over each mini-batch): the complete `TrainBatch`
+    of `step`, and its advantage, staleness and per-staleness correction metrics. `time/reference`,
+    `time/old_logprobs` and `time/values` are the waits for each in turn."""
     cfg = job.cfg
     ref_logprobs: torch.Tensor | None = None
     with job.timer("reference"):
@@ -142,8 +143,14 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
         metrics.update(staleness_metrics(scored.rollouts.policy_version, step))
         if old_logprobs is not None:
             metrics.update(correction_by_staleness(job, sequences, old_logprobs, step))
+        cov_selected = None
+        if isinstance(cfg.loss.policy, ClipCovConfig | KLCovConfig):  # old log-probs are scored before for these
+            assert old_logprobs is not None
+            # the run's seed and the step seed Clip-Cov's draws: a resumed or redone step draws the same tokens
+            cov_selected = select_by_covariance(old_logprobs, adv, sequences.response_mask, cfg.loss.policy,
+                                                cfg.mini_batches, seed=cfg.run.seed * 1_000_003 + step)
     return TrainBatch(sequences, old_logprobs=old_logprobs, advantages=adv, ref_logprobs=ref_logprobs,
-                      old_values=old_values, returns=returns), metrics
+                      old_values=old_values, returns=returns, cov_selected=cov_selected), metrics
 
 
 def correction_by_staleness(job: Job, sequences: Sequences, old_logprobs: torch.Tensor, step: int,

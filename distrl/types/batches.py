@@ -49,9 +49,9 @@ def _chunk_rows(batch: R, size: int) -> list[R]:
     return [batch.select(slice(i, i + size)) for i in range(0, batch.batch_size, size)]
 
 
-def _mini_batch_bounds(size: int, mini_batches: int, n: int) -> list[int]:
+def mini_batch_bounds(size: int, mini_batches: int, n: int = 1) -> list[int]:
     """Row bounds of `mini_batches` contiguous mini-batches of a batch of `size` rows (sizes that differ by at most
-    one), each of at least one row for each of n learners."""
+    one), each of at least one row for each of n learners: the rows of each optimizer step (`TrainBatch.shard`)."""
     if mini_batches <= 0 or n <= 0 or size < mini_batches * n:
         raise ValueError(f"TrainBatch.shard: a batch of {size} rows does not make {mini_batches} mini-batches of at "
                          f"least one row for each of {n} learners")
@@ -156,6 +156,8 @@ class TrainBatch:
     mini_batch    [B] long      which global mini-batch (optimizer step) each row belongs to, 0, 1, ... in row
                                 order; set by `shard`, so that every learner takes the same steps when a batch's rows
                                 do not divide evenly. None: consecutive mini-batches of a fixed size (`mini_batches`)
+    cov_selected  [B, T] bool   the tokens Clip-Cov / KL-Cov act on, selected over each mini-batch's rows before the
+                                batch is split (`distrl.batching.select_by_covariance`), or None for other losses
     """
 
     sequences: Sequences
@@ -165,6 +167,7 @@ class TrainBatch:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     mini_batch: torch.Tensor | None = None
+    cov_selected: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -185,7 +188,7 @@ class TrainBatch:
         expected = tuple(self.sequences.response_mask.shape)
         if (self.old_values is None) != (self.returns is None):
             raise ValueError("TrainBatch: old_values and returns come together (the critic's), or neither")
-        for name in ("old_logprobs", "advantages", "ref_logprobs", "old_values", "returns"):
+        for name in ("old_logprobs", "advantages", "ref_logprobs", "old_values", "returns", "cov_selected"):
             x = getattr(self, name)
             if x is not None and tuple(x.shape) != expected:
                 raise ValueError(f"TrainBatch.{name} is {tuple(x.shape)}, expected {expected}")
@@ -217,7 +220,7 @@ class TrainBatch:
         its mini-batch (`mini_batch`), so every learner takes the same optimizer steps, each on its part of the same
         global mini-batch, and M learners take exactly the steps one learner would (the loss divides by counts
         all-reduced over the learners, so parts of any size weigh their rows as one learner would)."""
-        bounds = _mini_batch_bounds(self.batch_size, mini_batches, n)
+        bounds = mini_batch_bounds(self.batch_size, mini_batches, n)
         labels = torch.cat([torch.full((b - a,), j, dtype=torch.long) for j, (a, b) in enumerate(pairwise(bounds))])
         labelled = replace(self, mini_batch=labels)
         return [labelled.select(part) for part in (rows if rows is not None else self.shard_rows(n, mini_batches))]
@@ -232,7 +235,7 @@ class TrainBatch:
         batch's order."""
         lengths = self.sequences.attention_mask.sum(-1).tolist()
         shards: list[list[int]] = [[] for _ in range(n)]
-        for a, b in pairwise(_mini_batch_bounds(self.batch_size, mini_batches, n)):
+        for a, b in pairwise(mini_batch_bounds(self.batch_size, mini_batches, n)):
             sizes = [round((k + 1) * (b - a) / n) - round(k * (b - a) / n) for k in range(n)]
             for k, part in enumerate(balanced_parts(lengths[a:b], sizes)):
                 shards[k] += [a + i for i in part]
@@ -253,7 +256,7 @@ class TrainBatch:
     @staticmethod
     def concat(parts: list[TrainBatch]) -> TrainBatch:
         """Stack shards along B; every part has old (reference) log-probs, old values and returns, mini-batch labels,
-        or none has."""
+        covariance selections, or none has."""
         if not parts:
             raise ValueError("TrainBatch.concat needs at least one part")
 
@@ -273,4 +276,5 @@ class TrainBatch:
             old_values=stacked("old_values"),
             returns=stacked("returns"),
             mini_batch=stacked("mini_batch"),
+            cov_selected=stacked("cov_selected"),
         )

@@ -19,7 +19,8 @@ def random_inputs(lengths: list[int], t: int, seed: int = 0, spread: float = 0.3
     """LossInputs with every optional field set; `logprobs` and `entropy` are leaves that require grad.
 
     Log-probs differ by ~`spread` so that some PPO ratios clip and some correction weights truncate.
-    One advantage per sequence (as GRPO produces), constant over its tokens.
+    One advantage per sequence (as GRPO produces), constant over its tokens. `cov_selected` marks a random quarter
+    of the tokens (the covariance losses' input; `tests/algo/test_covariance.py` tests how it is chosen).
     """
     g = torch.Generator().manual_seed(seed)
     b = len(lengths)
@@ -30,8 +31,9 @@ def random_inputs(lengths: list[int], t: int, seed: int = 0, spread: float = 0.3
     ref = old + spread * torch.randn(b, t, generator=g)
     advantages = torch.randn(b, 1, generator=g).expand(b, t).contiguous()
     entropy = (torch.rand(b, t, generator=g) * 2).requires_grad_()
+    selected = torch.rand(b, t, generator=g) < 0.25
     return LossInputs(logprobs=logprobs, old_logprobs=old, advantages=advantages, mask=mask * 1.0,
-                      rollout_logprobs=rollout, ref_logprobs=ref, entropy=entropy)
+                      rollout_logprobs=rollout, ref_logprobs=ref, entropy=entropy, cov_selected=selected)
 
 
 def rows(inputs: LossInputs, index: slice, **normalisers) -> LossInputs:
@@ -42,7 +44,7 @@ def rows(inputs: LossInputs, index: slice, **normalisers) -> LossInputs:
     return LossInputs(logprobs=sl(inputs.logprobs), old_logprobs=sl(inputs.old_logprobs),
                       advantages=sl(inputs.advantages), mask=sl(inputs.mask),
                       rollout_logprobs=sl(inputs.rollout_logprobs), ref_logprobs=sl(inputs.ref_logprobs),
-                      entropy=sl(inputs.entropy), **normalisers)
+                      entropy=sl(inputs.entropy), cov_selected=sl(inputs.cov_selected), **normalisers)
 
 
 @st.composite
@@ -54,4 +56,5 @@ def padded_batch(draw):
     garbage = st.sampled_from([math.nan, math.inf, -math.inf, 1e30, -1e30, 0.0, 50.0, -50.0])
     fills = {name: draw(garbage) for name in ("logprobs", "old_logprobs", "advantages", "rollout_logprobs",
                                               "ref_logprobs", "entropy")}
+    fills["cov_selected"] = draw(st.booleans())
     return lengths, t, fills, draw(st.integers(0, 2**16))

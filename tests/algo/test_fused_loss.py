@@ -16,8 +16,15 @@ from distrl.merging import Merge
 from .helpers import padded_batch, random_inputs
 
 LENGTHS = [7, 2, 5, 0, 8, 3, 8, 1]
-POLICY_AGGREGATIONS = [("ppo", a) for a in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
-                                            "seq_mean_token_sum_norm")] + [("gspo", "seq_mean_token_mean")]
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+SEQUENCE_LEVEL = ("gspo", "gmpo")  # no aggregation to choose
+DUAL_CLIP = ("ppo", "clip_cov")
+OWN = {"ppo": {}, "gspo": {}, "cispo": {"clip_low": 0.2, "clip_high": 0.2}, "sapo": {"tau_pos": 1.0, "tau_neg": 2.0},
+       "gmpo": {}, "gpg": {}, "clip_cov": {}, "kl_cov": {"ppo_kl_coef": 0.5}}
+"""Each type's parameters here: clip ranges that these batches (log-ratios spread ~1) cross on both sides."""
+POLICY_AGGREGATIONS = [("ppo", a) for a in AGGREGATIONS] + [("gspo", "seq_mean_token_mean")]
+OTHER_POLICY_AGGREGATIONS = [(p, a) for p in ("cispo", "sapo", "gpg", "clip_cov", "kl_cov") for a in AGGREGATIONS] + [
+    ("gmpo", "seq_mean_token_mean")]
 CORRECTIONS = {"none": None, "tis": {"mode": "tis", "low": 0.5, "high": 1.5},
                "tis_seq": {"mode": "tis", "level": "sequence", "low": 0.3, "high": 3.0},
                "icepop": {"mode": "icepop", "low": 0.6, "high": 1.4},
@@ -31,10 +38,13 @@ KLS = {"no_ref": None, "k1": {"coef": 0.1, "estimator": "k1"}, "k2": {"coef": 0.
 
 def loss_cfg(policy: str = "ppo", aggregation: str = "token_mean", dual_clip: float | None = None,
              correction: dict | None = None, kl: dict | None = None, entropy_coef: float = 0.0) -> LossConfig:
-    """The typed loss config from the old flat settings: GSPO is sequence-level and has no aggregation or dual clip
-    to choose."""
-    objective = ({"type": "ppo", "aggregation": aggregation, "dual_clip": dual_clip} if policy == "ppo"
-                 else {"type": "gspo"})
+    """The typed loss config from flat settings: a sequence-level type (gspo, gmpo) has no aggregation to choose,
+    and only ppo and clip_cov have a dual clip."""
+    objective = {"type": policy, **OWN[policy]}
+    if policy not in SEQUENCE_LEVEL:
+        objective["aggregation"] = aggregation
+    if policy in DUAL_CLIP:
+        objective["dual_clip"] = dual_clip
     return LossConfig.model_validate({"policy": objective, "correction": correction, "kl": kl or {},
                                       "entropy_coef": entropy_coef})
 
@@ -48,7 +58,8 @@ def _inputs(seed: int, with_rollout: bool, with_ref: bool, global_counts: bool) 
     extra = {"num_tokens": 60.0, "num_seqs": 9.0, "norm_len": 10} if global_counts else {}
     return LossInputs(logprobs=x.logprobs, old_logprobs=x.old_logprobs, advantages=x.advantages, mask=x.mask,
                       rollout_logprobs=x.rollout_logprobs if with_rollout else None,
-                      ref_logprobs=x.ref_logprobs if with_ref else None, entropy=x.entropy, **extra)
+                      ref_logprobs=x.ref_logprobs if with_ref else None, entropy=x.entropy,
+                      cov_selected=x.cov_selected, **extra)
 
 
 def _fresh(x: LossInputs) -> LossInputs:
@@ -86,8 +97,21 @@ def test_fused_equals_reference(policy, aggregation, correction, kl):
                              global_counts=global_counts), cfg)
 
 
+@pytest.mark.parametrize(("policy", "aggregation"), OTHER_POLICY_AGGREGATIONS)
+@pytest.mark.parametrize("correction", ["none", "tis", "icepop_seq", "seq_mask_tis"])
+@pytest.mark.parametrize("kl", ["no_ref", "k3+", "reward"])
+def test_fused_equals_reference_for_the_other_losses(policy, aggregation, correction, kl):
+    # The composition and the aggregations are those of ppo above, tested on every mode; here each other loss's
+    # term against its definition, with each kind of correction and KL.
+    for dual_clip, entropy_coef, global_counts in itertools.product([None, 2.0], [0.0, 0.01], [False, True]):
+        cfg = loss_cfg(policy, aggregation, dual_clip, CORRECTIONS[correction], KLS[kl], entropy_coef)
+        _compare(_inputs(seed=len(correction) + len(kl) + len(policy), with_rollout=cfg.correction is not None,
+                         with_ref=KLS[kl] is not None, global_counts=global_counts), cfg)
+
+
 @settings(max_examples=150, deadline=None)
-@given(padded_batch(), st.sampled_from(POLICY_AGGREGATIONS), st.sampled_from(list(CORRECTIONS.values())),
+@given(padded_batch(), st.sampled_from(POLICY_AGGREGATIONS + OTHER_POLICY_AGGREGATIONS),
+       st.sampled_from(list(CORRECTIONS.values())),
        st.sampled_from(["k1", "k2", "k3", "k3+"]), st.sampled_from([None, 2.0]))
 def test_fused_equals_reference_with_garbage_in_padding(batch, policy_aggregation, correction, estimator, dual_clip):
     lengths, t, fills, seed = batch

@@ -10,12 +10,18 @@ from hypothesis import strategies as st
 
 from distrl.algo import LossInputs, compute_loss
 from distrl.config import (
+    CISPOConfig,
+    ClipCovConfig,
+    GMPOConfig,
+    GPGConfig,
     GSPOConfig,
+    KLCovConfig,
     KLInLoss,
     KLInReward,
     LossConfig,
     PPOConfig,
     RatioCorrection,
+    SAPOConfig,
     SeqMaskTISCorrection,
 )
 from distrl.merging import values
@@ -105,6 +111,10 @@ FULL_CFG = {"kl": KLInLoss(coef=0.05, estimator="k3+"), "entropy_coef": 0.01}
 # every aggregation for ppo (with a dual clip); gspo is sequence-level, so it has none to choose. Its clip range is
 # widened from the paper's 3e-4 / 4e-4 so that these random batches have ratios on both sides of the clip.
 POLICIES = [PPOConfig(aggregation=a, dual_clip=3.0) for a in AGGREGATIONS] + [GSPOConfig(clip_low=0.2, clip_high=0.2)]
+# the other losses, each with every aggregation it has (cispo's clip narrowed so that its weights clip here)
+POLICIES += [policy for a in AGGREGATIONS for policy in (
+    CISPOConfig(aggregation=a, clip_low=0.2, clip_high=0.2), SAPOConfig(aggregation=a), GPGConfig(aggregation=a),
+    ClipCovConfig(aggregation=a, dual_clip=3.0), KLCovConfig(aggregation=a, ppo_kl_coef=0.5))] + [GMPOConfig()]
 POLICY_IDS = [f"{p.type}-{p.aggregation}" for p in POLICIES]
 
 
@@ -169,7 +179,7 @@ def test_local_normalisers_would_not_sum_up(policy):
        st.sampled_from(["k1", "k2", "k3", "k3+"]))
 def test_padding_content_never_matters(batch, policy, correction, estimator):
     lengths, t, fills, seed = batch
-    if isinstance(policy, PPOConfig):
+    if isinstance(policy, PPOConfig | ClipCovConfig):
         policy = policy.model_copy(update={"dual_clip": 2.0})
     cfg = LossConfig(policy=policy, correction=correction, kl=KLInLoss(coef=0.1, estimator=estimator),
                      entropy_coef=0.01)

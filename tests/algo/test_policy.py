@@ -1,13 +1,20 @@
 """PPO / GSPO per-token terms: every clipping branch worked by hand, and GSPO against its sequence-level form."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from distrl.algo import aggregate, clipped_surrogate, gspo_log_ratio, policy_term
+from distrl.algo import LossInputs, aggregate, clipped_surrogate, gspo_log_ratio, policy_term, ppo_log_ratio
 
 from .helpers import ragged_mask
+
+
+def _term(logprobs, old, advantages, mask, policy, clip_low, clip_high):
+    """PPO's or GSPO's clipped term: (pg, clipped, dual_clipped)."""
+    log_ratio = ppo_log_ratio(logprobs, old) if policy == "ppo" else gspo_log_ratio(logprobs, old, mask)
+    return clipped_surrogate(log_ratio, advantages, clip_low, clip_high, None)
 
 
 def _pg(ratio, advantage, clip_low=0.2, clip_high=0.2, dual_clip=None):
@@ -84,7 +91,7 @@ def test_gspo_ratio_is_the_geometric_mean_on_every_token():
     mask = ragged_mask([2, 3], 3)
     log_s = gspo_log_ratio(logprobs, old, mask)
     assert log_s[0, :2].tolist() == pytest.approx([0.05, 0.05]) and log_s[1].tolist() == pytest.approx([0.4] * 3)
-    pg, clipped, _ = policy_term(logprobs, old, torch.ones(2, 3), mask, "gspo", 0.2, 0.2, None)
+    pg, clipped, _ = _term(logprobs, old, torch.ones(2, 3), mask, "gspo", 0.2, 0.2)
     assert pg[0, :2].tolist() == pytest.approx([-math.exp(0.05)] * 2)  # -1.0513 on both tokens
     assert pg[1].tolist() == pytest.approx([-1.2] * 3) and clipped[1].all() and not clipped[0, :2].any()
 
@@ -98,7 +105,7 @@ def test_gspo_gradient_equals_sequence_level_objective():
     old = -torch.rand(6, 6) * 2
     logprobs = (old + 0.4 * torch.randn(6, 6)).requires_grad_()
     adv = torch.tensor([1.0, -1.0, 0.5, 2.0, -0.3, 1.5])
-    pg, _, _ = policy_term(logprobs, old, adv[:, None].expand(6, 6), mask, "gspo", 0.2, 0.25, None)
+    pg, _, _ = _term(logprobs, old, adv[:, None].expand(6, 6), mask, "gspo", 0.2, 0.25)
     token_loss = aggregate(pg, mask, "seq_mean_token_mean")
     (grad_token,) = torch.autograd.grad(token_loss, logprobs)
 
@@ -118,15 +125,17 @@ def test_gspo_differs_from_ppo():
     # A check that the GSPO path is really taken: same inputs, different per-token terms.
     old = torch.zeros(1, 2)
     logprobs = torch.tensor([[0.3, -0.3]])
-    ppo, _, _ = policy_term(logprobs, old, torch.ones(1, 2), torch.ones(1, 2), "ppo", 0.2, 0.2, None)
-    gspo, _, _ = policy_term(logprobs, old, torch.ones(1, 2), torch.ones(1, 2), "gspo", 0.2, 0.2, None)
+    ppo, _, _ = _term(logprobs, old, torch.ones(1, 2), torch.ones(1, 2), "ppo", 0.2, 0.2)
+    gspo, _, _ = _term(logprobs, old, torch.ones(1, 2), torch.ones(1, 2), "gspo", 0.2, 0.2)
     # PPO: r = [e^0.3 = 1.35 -> 1.2, e^-0.3 = 0.741] -> [-1.2, -0.741]; GSPO: s = e^0 = 1 on both -> [-1, -1]
     assert ppo[0].tolist() == pytest.approx([-1.2, -math.exp(-0.3)]) and gspo[0].tolist() == pytest.approx([-1, -1])
 
 
 def test_unknown_policy():
-    with pytest.raises(ValueError, match="policy loss"):
-        policy_term(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), "a2c", 0.2, 0.2, None)
+    x = LossInputs(logprobs=torch.zeros(1, 1), old_logprobs=torch.zeros(1, 1), advantages=torch.zeros(1, 1),
+                   mask=torch.ones(1, 1))
+    with pytest.raises(ValueError, match="policy loss 'a2c'; expected one of ppo, gspo, cispo"):
+        policy_term(x, SimpleNamespace(type="a2c"))
 
 
 @pytest.mark.parametrize(

@@ -140,7 +140,8 @@ class Learner:
         out = compute_loss(
             LossInputs(logprobs=logprobs, old_logprobs=old, advantages=micro.advantages, mask=micro.response_mask,
                        rollout_logprobs=micro.rollout_logprobs, ref_logprobs=micro.ref_logprobs, entropy=entropy,
-                       num_tokens=counts.num_tokens, num_seqs=counts.num_seqs, norm_len=self.norm_len),
+                       cov_selected=micro.cov_selected, num_tokens=counts.num_tokens, num_seqs=counts.num_seqs,
+                       norm_len=self.norm_len),
             self.loss_cfg,
         )
         return out.loss, {key: (value, MERGE[key]) for key, value in out.tensors.items()}

@@ -281,4 +281,4 @@ def _rows_on(batch: TrainBatch, index: torch.Tensor, device: str) -> TrainBatch:
     seqs = Sequences(**{f.name: move(getattr(batch.sequences, f.name)) for f in fields(Sequences)})
     return TrainBatch(seqs, old_logprobs=maybe(batch.old_logprobs), advantages=move(batch.advantages),
                       ref_logprobs=maybe(batch.ref_logprobs), old_values=maybe(batch.old_values),
-                      returns=maybe(batch.returns))
+                      returns=maybe(batch.returns), cov_selected=maybe(batch.cov_selected))
