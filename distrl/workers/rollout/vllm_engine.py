@@ -101,3 +101,16 @@ def worker_threads(cfg: RolloutConfig) -> int | None:
     if cfg.tensor_parallel_size == 1:
         return None
     return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")) // cfg.tensor_parallel_size)
+
+
+def warm_up(llm: Any) -> None:
+    """Two tokens of one request sampled as the runs sample (seeded, with log-probs), before the engine serves:
+    vLLM compiles (torch.compile, dynamo) its count of each sampled token's rank at the first request that asks for
+    log-probs, about 3 s on a CPU core, which the run's first step paid in its generation (measured on the
+    quickstart's engine with cProfile: the first request with log-probs 2.8 s, all in dynamo; the next ones 0.01 s,
+    whatever their batch size). The request's own seed leaves the engine's random state as it was. Call it on the
+    engine's thread."""
+    from vllm import SamplingParams
+
+    llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=2, temperature=1.0, seed=0, logprobs=0),
+                 use_tqdm=False)

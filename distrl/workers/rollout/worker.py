@@ -143,6 +143,7 @@ class RolloutWorker:
         # The engine's thread (which holds the engine) ends with the worker, and so does the agents' endpoint.
         self._end = weakref.finalize(self, _end_worker, self.engine, self._serving)
         self.llm = self.engine.engine
+        self.engine.call(vllm_engine.warm_up, self.llm)  # before the stepper owns the engine
         self.weights = EngineWeights(self.llm, cfg.tensor_parallel_size, None if lora is None else lora.rank)
         if cfg.tensor_parallel_size > 1:
             self._watch_workers(exit_when_lost)
