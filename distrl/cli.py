@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run a training job (embedded Ray cluster, or the one RAY_ADDRESS names)")
     _add_config_args(train, positional=False)
+    train.add_argument("--verbose", "-v", action="store_true",
+                       help="show the libraries' output inside the actors on the console too, not only in "
+                            "RUN_DIR/libraries.log (run.library_logs=console)")
     validate = sub.add_parser("validate", help="validate a config and what it names (model, data, reward, run "
                                                "directory); print it resolved, or list what is wrong")
     _add_config_args(validate, positional=True)
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         print(make_tiny_model(args.dir, seed=args.seed))
         return 0
     try:
-        cfg = config.load(args.config, args.overrides)
+        overrides = args.overrides + (["run.library_logs=console"] if getattr(args, "verbose", False) else [])
+        cfg = config.load(args.config, overrides)
         commands = {"validate": lambda: _validate(cfg), "eval": lambda: _evaluate(cfg, args),
                     "export": lambda: _export(cfg, args)}
         if args.command in commands:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from distrl import checkpoint, preflight
 from distrl.cluster.backend import Backend, connect
+from distrl.cluster.library_log import LOG_NAME
 from distrl.cluster.producer import Producer
 from distrl.cluster.roles import check_capacity, started_roles
 from distrl.config import Config
@@ -64,12 +65,15 @@ def train(cfg: Config, rollout_worker: type = RolloutWorker) -> list[dict]:
             return []
         run.start_trackers(resumed=found is not None)
         with startup("cluster"):
-            backend = connect(cfg.cluster)
+            backend = connect(cfg.cluster, library_log=run.path / LOG_NAME if cfg.run.library_logs == "file" else None)
             cleanup.callback(backend.close)
             check_capacity(cfg, backend)  # labels, resources, CPUs and GPUs of the nodes, before any actor starts
         stop.take_back()  # ray.init installed its own SIGTERM handler
         stop.check("the cluster's start")
         print(backend.description, flush=True)
+        if cfg.run.library_logs == "file" and cfg.cluster.backend == "ray":
+            print(f"libraries' output inside the actors: {run.path / LOG_NAME} (on the console too with --verbose)",
+                  flush=True)
         with startup("data"):
             tokenizer = load_tokenizer(cfg.model)
             prompts, data_stats = load_prompts(cfg.data, tokenizer)

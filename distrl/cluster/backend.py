@@ -7,12 +7,13 @@ or an existing one (a Ray job, `cluster.address`, `RAY_ADDRESS`). `close()` shut
 embedded cluster whose driver dies without `close()` (SIGKILL) is ended by `distrl.cluster.reaper`.
 
 The floor of `distrl.cluster`: it starts workers (`actors`) and resolves their handles, and imports no cluster
-module but the reaper. Groups (`distrl.cluster.group`) wrap the workers it starts; placements
-(`distrl.cluster.placement`) are made beside it.
+module but the reaper and the library log (`distrl.cluster.library_log`). Groups (`distrl.cluster.group`) wrap the
+workers it starts; placements (`distrl.cluster.placement`) are made beside it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -26,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from distrl.cluster import reaper
+from distrl.cluster.library_log import forwarded_lines
 from distrl.config import ClusterConfig, RoleResources
+from distrl.console import IN_ACTOR
 
 Init = Callable[[int], tuple[tuple, dict]]
 """`init(i)` gives worker i's constructor (args, kwargs)."""
@@ -132,7 +135,10 @@ class LocalBackend(Backend):
 
 
 class RayBackend(Backend):
-    def __init__(self, cfg: ClusterConfig):
+    """`library_log`: where the libraries' lines that Ray forwards from the actors go while the backend is open
+    (`distrl.cluster.library_log`; None: the console)."""
+
+    def __init__(self, cfg: ClusterConfig, library_log: Path | None = None):
         import ray
 
         address = cfg.address or os.environ.get("RAY_ADDRESS")
@@ -151,8 +157,10 @@ class RayBackend(Backend):
             # (without it Ray joins that one and refuses num_cpus).
             with ExitStack() as embedded:  # undone at once if ray.init fails, else at close()
                 token = embedded.enter_context(loopback_cluster())
+                # Ray's notice of the local instance it started says what `description` says.
                 ctx = ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=True,
-                               dashboard_host=cfg.dashboard_host, _node_ip_address="127.0.0.1")
+                               dashboard_host=cfg.dashboard_host, _node_ip_address="127.0.0.1",
+                               logging_level=logging.INFO if library_log is None else logging.WARNING)
                 self._embedded = embedded.pop_all()
             self.embedded = True
             # Ends Ray's agents if this process dies without shutting the cluster down (SIGKILL, OOM killer).
@@ -160,6 +168,8 @@ class RayBackend(Backend):
             self.description = (f"ray: embedded cluster on 127.0.0.1, dashboard at "
                                 f"http://{ctx.dashboard_url or 'unavailable'}"
                                 + (f" (its token is in {token} while the run lasts)" if token else ""))
+        self._lines = ExitStack()
+        self._lines.enter_context(forwarded_lines(library_log))
 
     def actors(self, worker: type, role: str, resources: RoleResources, *, run_name: str, init: Init,
                env: dict[str, str], scheduling: Callable[[int], Any] | None, concurrency: int = 1,
@@ -177,7 +187,7 @@ class RayBackend(Backend):
                 name=f"distrl/{run_name}/{role}-{i}{suffix}",
                 num_cpus=resources.num_cpus,
                 num_gpus=resources.num_gpus,
-                runtime_env={"env_vars": env},
+                runtime_env={"env_vars": {**env, IN_ACTOR: "1"}},  # its own lines marked for the driver
                 scheduling_strategy=scheduling(i),
                 # By default one call at a time, in submission order: a weight push queues behind an in-flight
                 # generate.
@@ -229,6 +239,7 @@ class RayBackend(Backend):
 
         if self.owned and ray.is_initialized():
             ray.shutdown()
+        self._lines.close()  # after the shutdown: the actors' last lines (a final checkpoint's) go to the log too
         self._embedded.close()
         if self._reaper is not None:
             self._reaper.terminate()
@@ -267,9 +278,14 @@ def loopback_cluster() -> Iterator[Path | None]:
         token.write_text(secrets.token_hex(32))
         os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
     AuthenticationTokenLoader.instance().reset_cache()
+    # Ray warns at its start that it turned token auth on, and how to opt out: here it is the run's choice. (Setting
+    # RAY_AUTH_MODE=token instead skips the part of ray.init that turns it on in the Ray already imported.)
+    notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    notice.addFilter(_token_auth_chosen)
     try:
         yield Path(directory) / "auth_token" if directory else None
     finally:
+        notice.removeFilter(_token_auth_chosen)
         ray_constants.ENABLE_RAY_CLUSTER = saved_switch
         for key, value in saved_env.items():
             if value is None:
@@ -281,6 +297,10 @@ def loopback_cluster() -> Iterator[Path | None]:
         AuthenticationTokenLoader.instance().reset_cache()
 
 
-def connect(cfg: ClusterConfig) -> Backend:
-    """The backend `cluster.backend` names, connected."""
-    return LocalBackend() if cfg.backend == "local" else RayBackend(cfg)
+def _token_auth_chosen(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+def connect(cfg: ClusterConfig, library_log: Path | None = None) -> Backend:
+    """The backend `cluster.backend` names, connected (`library_log`: `RayBackend`'s)."""
+    return LocalBackend() if cfg.backend == "local" else RayBackend(cfg, library_log)

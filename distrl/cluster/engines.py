@@ -34,6 +34,7 @@ from distrl.cluster.capacity import where
 from distrl.cluster.deadlines import Deadlines
 from distrl.cluster.group import ActorGroup
 from distrl.config import RecoveryConfig
+from distrl.console import say
 from distrl.workers.rollout.worker import RolloutWorker
 
 VERDICT_POLL_S = 1.0
@@ -118,9 +119,9 @@ class Engines:
                 self.deadlines.pop(handle)
         if self.pushes_skip and len(self.actors.active()) <= self.fewest and self.actors.backend.unreachable(error):
             self.unsure[engine] = (error, time.monotonic())
-            print(f"rollout actor {name} cannot be reached ({type(error).__name__}): replacing it once Ray declares "
+            say(f"rollout actor {name} cannot be reached ({type(error).__name__}): replacing it once Ray declares "
                   f"it dead (its node lost?), within cluster.recovery.verdict_timeout_s = "
-                  f"{self.recovery.verdict_timeout_s:g} s", flush=True)
+                  f"{self.recovery.verdict_timeout_s:g} s")
         else:
             self._let_go_or_replace(engine, error)
         return True
@@ -141,8 +142,8 @@ class Engines:
             if verdict is None and not timed_out:
                 continue
             if verdict is False:
-                print(f"rollout actor {self.actors.name(engine)} answers again, but missed the weight pushes made "
-                      f"while it could not be reached", flush=True)
+                say(f"rollout actor {self.actors.name(engine)} answers again, but missed the weight pushes made "
+                      f"while it could not be reached")
             del self.unsure[engine]
             self._let_go_or_replace(engine, error)
             if engine in self.actors.retired:
@@ -155,8 +156,8 @@ class Engines:
             name = self.actors.name(engine)
             self.actors.retire(engine)
             self.counts.retired += 1
-            print(f"rollout actor {name} died ({type(error).__name__}); letting it go, engines left: "
-                  f"{len(self.actors.active())} (cluster.rollout.min_actors = {self.fewest})", flush=True)
+            say(f"rollout actor {name} died ({type(error).__name__}); letting it go, engines left: "
+                  f"{len(self.actors.active())} (cluster.rollout.min_actors = {self.fewest})")
             self._grow()
         else:
             self._replace(engine, error)
@@ -174,8 +175,8 @@ class Engines:
                       else f"it died {len(deaths)} times within cluster.recovery.window_s = {r.window_s:g} s, "
                            f"more than cluster.recovery.max_restarts = {r.max_restarts}")
             raise RuntimeError(f"rollout actor {name} died; {budget}. Its last error: {error}") from error
-        print(f"rollout actor {name} died ({type(error).__name__}); starting a replacement on its placement bundle "
-              f"(restart {len(deaths)} of {r.max_restarts} allowed within {r.window_s:g} s)", flush=True)
+        say(f"rollout actor {name} died ({type(error).__name__}); starting a replacement on its placement bundle "
+              f"(restart {len(deaths)} of {r.max_restarts} allowed within {r.window_s:g} s)")
         if self.growing is not None and self.actors.placement is not None:
             # At min_actors the replacement comes first: room reserved for one more engine could take the node
             # it waits for. Reserved again once the replacement serves.
@@ -192,8 +193,8 @@ class Engines:
             self.growing = None
             engine = self.actors.add()  # on the placement group Ray has just placed
             self.counts.added += 1
-            print(f"rollout actor {self.actors.name(engine)} starts: a node has room for one more engine "
-                  f"({len(self.actors.active())} of at most cluster.rollout.max_actors = {self.most})", flush=True)
+            say(f"rollout actor {self.actors.name(engine)} starts: a node has room for one more engine "
+                  f"({len(self.actors.active())} of at most cluster.rollout.max_actors = {self.most})")
             self._load(engine, 0, time.perf_counter(), "started")
             return []
         engine, incarnation, since = self.loading.pop(handle)
@@ -207,8 +208,8 @@ class Engines:
         if served < version:  # a push went out while it started, without it: load the newer weights
             self._load(engine, incarnation, since, "started")
             return []
-        print(f"rollout actor {self.actors.name(engine)} serves policy version {served}, "
-              f"{time.perf_counter() - since:.1f} s after it was started", flush=True)
+        say(f"rollout actor {self.actors.name(engine)} serves policy version {served}, "
+              f"{time.perf_counter() - since:.1f} s after it was started")
         self._grow()
         return [engine]
 

@@ -42,6 +42,7 @@ from distrl.cluster.deadlines import Deadlines
 from distrl.cluster.engines import VERDICT_POLL_S, Engines
 from distrl.cluster.group import ActorGroup
 from distrl.config import DynamicSamplingConfig, RecoveryConfig, RewardConfig
+from distrl.console import say
 from distrl.data.stream import PromptStream
 from distrl.types.prompt import Prompt
 from distrl.types.rollouts import ScoredRollouts
@@ -187,7 +188,7 @@ class Producer:
         else:
             self._idle_since.setdefault(actor, time.perf_counter())  # its time dead and restarting is rollout idle
         if self.redo:
-            print(f"{len(self.redo)} prompts lost with dead engines go first to the next chunks", flush=True)
+            say(f"{len(self.redo)} prompts lost with dead engines go first to the next chunks")
 
     def lost_in_push(self, lost: dict[int, tuple[int, BaseException]]) -> None:
         """Replace the engines a weight push found dead (`SyncStats.lost`)."""

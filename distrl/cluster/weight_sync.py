@@ -30,6 +30,7 @@ import torch
 
 from distrl.cluster.backend import Done
 from distrl.cluster.group import ActorGroup, RayGroup
+from distrl.console import say
 from distrl.workers.model_files import DTYPES
 from distrl.workers.rollout.worker import RolloutWorker
 from distrl.workers.training.learner import Learner
@@ -231,9 +232,9 @@ class NcclSync(WeightSync):
         self.port = 0  # the rendezvous port of the world
         self._wait_ready(rollouts.active())
         self._form_world()
-        print(f"weight sync: NCCL, learner 0 and {len(rollouts)} engines. A dead engine is replaced and joins a new "
+        say(f"weight sync: NCCL, learner 0 and {len(rollouts)} engines. A dead engine is replaced and joins a new "
               f"NCCL world (cluster.recovery.max_restarts), unless it dies while a broadcast waits for it: that ends "
-              f"the run (continue from the newest checkpoint with --set run.resume=true)", flush=True)
+              f"the run (continue from the newest checkpoint with --set run.resume=true)")
 
     def _wait_ready(self, engines: list[int]) -> None:
         """Wait until `engines` are constructed (each answers its version): the NCCL world's rendezvous waits
@@ -302,8 +303,8 @@ class NcclSync(WeightSync):
             if dead:  # the replacement died starting: its load fails with that death, and the producer replaces it
                 return self.rollouts.call(index, RolloutWorker.version)
             self._form_world()
-            print(f"weight sync: {self.rollouts.name(index)} joined a new NCCL world (port {self.port}) with learner "
-                  f"0 and the other engines", flush=True)
+            say(f"weight sync: {self.rollouts.name(index)} joined a new NCCL world (port {self.port}) with learner "
+                  f"0 and the other engines")
         loads = self._transfer(self.learners.call(0, Learner.weights_version), everyone)
         self._last = Broadcast(self._sent, dict(zip(everyone, loads, strict=True)), time.perf_counter())
         return loads[index]

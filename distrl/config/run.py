@@ -51,6 +51,11 @@ class RunConfig(Section):
     """Export every step's figures as Ray metrics (dashboard metrics view)."""
     progress: bool = True
     """Show a progress bar."""
+    library_logs: Literal["file", "console"] = "file"
+    """Where the output of the libraries inside the actors goes (vLLM's, Ray's, torch's and transformers' warnings
+    and notices, and whatever a reward function prints): `file`, RUN_DIR/libraries.log, whose path the run prints
+    (the console keeps distrl's lines, the progress bar and Ray's own word about its workers and nodes); `console`,
+    the console as well (`distrl train --verbose`). Ray keeps its own copy either way (the dashboard's logs)."""
     checkpoint_every: int = Field(default=0, ge=0)
     """Save a checkpoint every this many steps (0: only at the end if `checkpoint_at_end`)."""
     checkpoint_at_end: bool = True

@@ -26,6 +26,7 @@ from distrl.cluster.producer import Producer
 from distrl.cluster.roles import Roles
 from distrl.cluster.weight_sync import SyncStats
 from distrl.config import ClipCovConfig, Config, KLCovConfig
+from distrl.console import say
 from distrl.data.stream import PromptStream
 from distrl.evaluation import write_samples
 from distrl.evaluator import Evaluator
@@ -260,7 +261,7 @@ def end_step(job: Job, step: int, scored: ScoredRollouts, batch: TrainBatch, pro
         figures, warning = job.reward_watch.observe(reward)
         row.update(figures)
         if warning:
-            print(f"warning: step {step}: {warning}", flush=True)
+            say(f"warning: step {step}: {warning}")
     job.history.append({"step": step, **row})
     job.run.log(step, row)
     job.last_step = step

@@ -14,6 +14,7 @@ from typing import Any
 from distrl import checkpoint, preflight
 from distrl.cluster.group import ActorGroup
 from distrl.cluster.roles import Roles
+from distrl.console import say
 from distrl.loop.phases import Job
 from distrl.metrics import BusyClock
 from distrl.reward_watch import RewardWatch
@@ -56,14 +57,14 @@ def recovery_point(job: Job, died: RoleDied, began: int) -> Path | None:
                            f"error: {died.error}") from died.error
     found, refused = checkpoint.resume_point(job.run.path)
     for why in refused:
-        print(f"not recovering from a damaged checkpoint, set aside as .damaged: {why}")
+        say(f"not recovering from a damaged checkpoint, set aside as .damaged: {why}")
     if found is None:
         raise RuntimeError(f"{who} died in step {job.last_step + 1} and the run has no checkpoint to recover from: "
                            f"set run.checkpoint_every to let a run survive a learner or reference failure. The "
                            f"error: {died.error}") from died.error
     failed, step = job.last_step + 1, checkpoint.driver_state(found)["step"]
     if step >= job.cfg.run.steps:
-        print(f"{who} died after the final checkpoint (step {step}): the run is complete")
+        say(f"{who} died after the final checkpoint (step {step}): the run is complete")
         return None
     job.recoveries += 1
     job.recovered += 1
@@ -71,8 +72,8 @@ def recovery_point(job: Job, died: RoleDied, began: int) -> Path | None:
     job.last_step = job.checkpointed = step
     job.timer.pop()  # the phases of the step that failed
     job.learner_clock, job.reference_clock = BusyClock(), BusyClock()
-    print(f"{who} died in step {failed} ({type(died.error).__name__}): restarting every role from {found} (recovery "
-          f"{job.recoveries} of {budget})", flush=True)
+    say(f"{who} died in step {failed} ({type(died.error).__name__}): restarting every role from {found} (recovery "
+          f"{job.recoveries} of {budget})")
     return found
 
 
@@ -103,12 +104,12 @@ def resume_point(run: RunDir) -> Path | None:
     were refused and why. Raises if checkpoints exist and none is usable."""
     found, refused = checkpoint.resume_point(run.path)
     for why in refused:
-        print(f"not resuming from a damaged checkpoint, set aside as .damaged: {why}")
+        say(f"not resuming from a damaged checkpoint, set aside as .damaged: {why}")
     if found is None and refused:
         raise RuntimeError(f"run.resume: no usable checkpoint in {run.path / 'checkpoints'}; start afresh with "
                            f"run.overwrite=true (and run.resume=false)")
     if found is None:
-        print(f"run.resume: {run.path} holds no checkpoint; starting at step 1")
+        say(f"run.resume: {run.path} holds no checkpoint; starting at step 1")
     return found
 
 
@@ -125,7 +126,7 @@ def restore(found: Path | None, job: Job, roles: Roles) -> None:
             roles.backend.answer(roles.critic.map(Critic.load_checkpoint, str(found / "critic")),
                                  f"the critics' load of {found}", job.cfg.cluster.call_timeout_s)
         job.stream.load_state_dict(checkpoint.driver_state(found)["data"])
-        print(f"resumed from {found} (step {job.last_step})")
+        say(f"resumed from {found} (step {job.last_step})")
     kept = job.run.forget_after(job.last_step)
     watch = job.cfg.run.reward_collapse
     job.reward_watch = RewardWatch(watch, (row["reward/mean"] for row in kept)) if watch is not None else None

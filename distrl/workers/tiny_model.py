@@ -9,6 +9,8 @@ node that builds it gets byte-identical files.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from distrl.tasks.toy import toy_corpus
@@ -163,6 +165,20 @@ def make_tiny_model(out_dir: str | Path, *, arch: str = "llama", vocab_size: int
         model = Qwen2ForCausalLM(Qwen2Config(**common, num_key_value_heads=num_heads // 2, tie_word_embeddings=True))
     model.eval()
     torch.random.set_rng_state(generator_state)  # leave the caller's random stream as it was
-    model.save_pretrained(out, safe_serialization=True)
+    with _no_progress_bar():  # a bar for the one shard of a model made in a second: noise on a run's console
+        model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
+
+
+@contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()

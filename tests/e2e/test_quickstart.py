@@ -24,6 +24,14 @@ def test_quickstart_learns(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "mean reward, first" in result.stdout and "metrics.jsonl" in result.stdout
     assert "held-out toy-heldout: accuracy " in result.stdout
+    # The console carries distrl's lines and the progress bar; vLLM's, Ray's and torch's go to the library log.
+    library_log = tmp_path / "quickstart" / "libraries.log"
+    console = result.stdout + result.stderr
+    assert f"libraries' output inside the actors: {library_log}" in result.stdout
+    for chatter in ("WARNING", "Warning", "LD_PRELOAD", "chunked prefill", "Loading safetensors", "autoscaler",
+                    "Started a local Ray instance", "Token authentication"):
+        assert chatter not in console, f"{chatter!r} on the console:\n{console[-5000:]}"
+    assert "LD_PRELOAD" in library_log.read_text() and "(RolloutWorker pid=" in library_log.read_text()
 
     rows = [json.loads(line) for line in (tmp_path / "quickstart" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 30 and rows[0].keys() >= REQUIRED_KEYS

@@ -14,7 +14,6 @@ import asyncio
 import functools
 import multiprocessing.connection
 import os
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -30,6 +29,7 @@ from distrl.agents.server import AgentServer
 from distrl.agents.tool_calls import ToolCallParser
 from distrl.agents.trajectory import Budget
 from distrl.config import EnvConfig, EvalSamplingConfig, LoraConfig, ModelConfig, RolloutConfig
+from distrl.console import say
 from distrl.types.prompt import Prompt
 from distrl.types.rollouts import Rollouts
 from distrl.workers.device import granted_device
@@ -185,8 +185,8 @@ class RolloutWorker:
                 return
             self._torn = f"its worker process {died.name} (pid {died.pid}) died, exit code {died.exitcode}"
             if exit_when_lost:
-                print(f"rollout engine (pid {os.getpid()}): {self._torn}; ending this process so that the engine is "
-                      f"replaced", file=sys.stderr, flush=True)
+                say(f"rollout engine (pid {os.getpid()}): {self._torn}; ending this process so that the engine is "
+                      f"replaced", err=True)
                 os._exit(1)
 
         threading.Thread(target=watch, name="distrl-engine-workers", daemon=True).start()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from distrl.config import Config
+from distrl.console import say
 
 LIGER_TABLE = "MODEL_TYPE_TO_APPLY_LIGER_FN"
 """liger-kernel's table of the model types it patches (`liger_kernel/transformers/monkey_patch.py`)."""
@@ -73,5 +74,5 @@ def check_liger(cfg: Config, model_dir: Callable[[str], str | None]) -> list[str
         else:
             section.kernels = "plain"
             section.__pydantic_fields_set__.discard("kernels")  # still a default, not the config's own setting
-            print(f"{name}.kernels: plain, not the GPU default liger: {why}", flush=True)
+            say(f"{name}.kernels: plain, not the GPU default liger: {why}")
     return problems

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from distrl.config import ModelConfig, ReferenceConfig
+from distrl.console import say
 from distrl.types.batches import Sequences
 from distrl.workers.device import granted_device
 from distrl.workers.training.kernels import apply_kernels
@@ -38,7 +39,7 @@ class ReferenceWorker:
         if self.cfg.max_tokens_per_micro_batch == "auto":
             self.token_budget = auto_token_budget(self.model, self.device, training=False,
                                                   field="reference.max_tokens_per_micro_batch", reserved=reserved)
-            print(f"reference: max_tokens_per_micro_batch auto = {self.token_budget} tokens", flush=True)
+            say(f"reference: max_tokens_per_micro_batch auto = {self.token_budget} tokens")
 
     def logprobs(self, sequences: Sequences) -> torch.Tensor:
         """`[B, T]` float32 on the CPU, 0 on padding: the batch (kept on the host) scored in micro-batches."""

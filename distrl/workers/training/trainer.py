@@ -22,6 +22,7 @@ import torch
 
 from distrl import checkpoint
 from distrl.config import LearnerConfig
+from distrl.console import say
 from distrl.merging import Figure, Figures, Merge, merge, over_steps
 from distrl.micro_batches import micro_batches
 from distrl.types.batches import Sequences, TrainBatch, on_host
@@ -100,7 +101,7 @@ class Trainer:
             self.token_budget = auto_token_budget(self.model, self.device, training=True,
                                                   checkpointing=self.cfg.gradient_checkpointing,
                                                   field=f"{self.role}.max_tokens_per_micro_batch", reserved=reserved)
-            print(f"{self.role}: max_tokens_per_micro_batch auto = {self.token_budget} tokens", flush=True)
+            say(f"{self.role}: max_tokens_per_micro_batch auto = {self.token_budget} tokens")
 
     @property
     def local_mini_batch_size(self) -> int:
