@@ -8,9 +8,9 @@ between learners and engine).
 Per layout: the push's wall time (`WeightSync.push`: every learner's pieces into the object store, the engine's
 streamed reload in every worker, the per-worker fingerprint check; median of `--pushes` after one warm-up push), the
 bytes each learner sends (its pieces of every bucket), and per worker: its share (the bytes of the regions it holds,
-which its loaders copy out of the shared buckets), the most it has mapped at once (one bucket: `--bucket-mb`), and
-the pages it touched during a push (minor page faults x 4 KiB: every page it read of the shared buckets, and every
-page it allocated, e.g. for the repacked weights). A last line compares TP 2 with TP 1 for each learner count.
+which its loaders copy out of the shared buckets; the rest of a bucket it maps but never reads) and the shared
+segments the engine keeps (a few buckets, `--bucket-mb` each, mapped by every worker). A last line compares TP 2
+with TP 1 for each learner count.
 """
 
 from __future__ import annotations
@@ -25,11 +25,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def minor_faults(pids: list[int]) -> list[int]:
-    """Minor page faults of each process so far (/proc/<pid>/stat, field 10)."""
-    return [int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7]) for pid in pids]
 
 
 def layout(model: Path, out: Path, tp: int, learners: int, pushes: int, bucket_mb: int) -> dict:
@@ -51,14 +46,11 @@ def layout(model: Path, out: Path, tp: int, learners: int, pushes: int, bucket_m
     try:
         with started_roles(cfg, backend) as roles:
             roles.sync.push(version=0)  # warm-up: the engine's first reload
-            pids = ray.get(roles.rollout.call(0, RolloutWorker.worker_pids))
-            seconds, faults = [], []
+            seconds = []
             for version in range(1, pushes + 1):
-                before = minor_faults(pids)
                 started = time.perf_counter()
                 roles.sync.push(version=version)
                 seconds.append(time.perf_counter() - started)
-                faults.append([a - b for a, b in zip(minor_faults(pids), before, strict=True)])
             sent = [0] * learners
             for spec in roles.sync.specs:
                 for i, pieces in enumerate(ray.get(roles.learner.map(Learner.weight_pieces, spec, cfg.rollout.dtype))):
@@ -71,9 +63,7 @@ def layout(model: Path, out: Path, tp: int, learners: int, pushes: int, bucket_m
                      for regions in ray.get(roles.rollout.call(0, RolloutWorker.worker_regions))]
     finally:
         backend.close()
-    return {"seconds": statistics.median(seconds), "sent": sent, "share": share,
-            "touched": [statistics.median(f[w] for f in faults) * 4096 for w in range(len(pids))],
-            "total": roles.sync.total_bytes}
+    return {"seconds": statistics.median(seconds), "sent": sent, "share": share, "total": roles.sync.total_bytes}
 
 
 def main() -> None:
@@ -97,8 +87,8 @@ def main() -> None:
                 print(f"TP {tp}, {learners} learner{'s' if learners > 1 else ' '}: push {r['seconds']:.3f} s "
                       f"(model {r['total'] / mib:.1f} MiB); sent per learner "
                       f"{', '.join(f'{b / mib:.1f}' for b in r['sent'])} MiB; per worker: share "
-                      f"{', '.join(f'{b / mib:.1f}' for b in r['share'])} MiB, mapped at once <= {args.bucket_mb} MiB,"
-                      f" pages touched {', '.join(f'{b / mib:.1f}' for b in r['touched'])} MiB", flush=True)
+                      f"{', '.join(f'{b / mib:.1f}' for b in r['share'])} MiB (buckets of {args.bucket_mb} MiB)",
+                      flush=True)
     ratios = {n: results[2, n]["seconds"] / results[1, n]["seconds"] for n in (1, 2)}
     print(f"push TP 2 / TP 1: 1 learner {ratios[1]:.2f}x, 2 learners {ratios[2]:.2f}x")
 
