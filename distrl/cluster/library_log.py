@@ -15,7 +15,7 @@ pinned); where it is missing, Ray's own printing is left as it is.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -70,7 +70,7 @@ def forwarded_lines(log_path: Path | None) -> Iterator[None]:
     if not ray_own:
         yield
         return
-    with open(log_path, "a", buffering=1) if log_path is not None else _nothing() as log:
+    with open(log_path, "a", buffering=1) if log_path is not None else nullcontext() as log:
         dispatcher.remove_handler(RAY_HANDLER)
         dispatcher.add_handler(HANDLER, ForwardedLines(log))
         try:
@@ -80,8 +80,3 @@ def forwarded_lines(log_path: Path | None) -> Iterator[None]:
             if ray.is_initialized():  # else Ray removed its own at the shutdown, and adds it at the next init
                 for name, handler in ray_own:
                     dispatcher.add_handler(name, handler)
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield None
