@@ -28,6 +28,9 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._serve, args=(build, built), name="distrl-engine", daemon=True)
         self._thread.start()
         self.engine = built.result()  # the build's own exception, if it failed
+        self.on_failure: Callable[[BaseException], None] | None = None
+        """Called with the exception of an operation that failed, before it is raised in the caller's thread (a
+        tensor-parallel engine whose worker died ends its process there: `RolloutWorker._watch_workers`)."""
 
     def _serve(self, build: Callable[[], Any], built: concurrent.futures.Future) -> None:
         asyncio.set_event_loop(self.loop)
@@ -42,7 +45,12 @@ class EngineLoop:
 
     def run(self, coroutine: Awaitable[T]) -> T:
         """Run `coroutine` on the engine's loop; wait for its result here."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()  # type: ignore[arg-type]
+        try:
+            return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()  # type: ignore[arg-type]
+        except BaseException as err:
+            if self.on_failure is not None:
+                self.on_failure(err)
+            raise
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` on the engine's thread, between two engine steps; wait for its result here."""

@@ -173,23 +173,32 @@ class RolloutWorker:
     def _watch_workers(self, exit_when_lost: bool) -> None:
         """When a worker process of this tensor-parallel engine dies, the engine can serve no more (vLLM then shuts
         its other workers down). With `exit_when_lost` (a Ray actor, which the cluster layer then reports dead and
-        replaces like any dead engine) this process ends at once, before a call in flight can fail with vLLM's
-        own error; otherwise every later call raises UnusableEngine. (The reverse needs nothing: each worker
-        ends when this process does, on vLLM's death pipe.)"""
+        replaces like any dead engine) this process ends, so that the driver sees a dead actor and not vLLM's own
+        error; otherwise every later call raises UnusableEngine. It ends from a thread that waits on the workers'
+        sentinels, and from any call that fails once they are gone: vLLM's executor wakes on the same sentinels
+        and fails the calls in flight ("cancelled"), which would otherwise race the watching thread back to the
+        driver (2 runs in 10 of the killed-worker test before this). (The reverse needs nothing: each worker ends
+        when this process does, on vLLM's death pipe.)"""
         executor = self.llm.llm_engine.engine_core.engine_core.model_executor
         sentinels = {w.proc.sentinel: w.proc for w in executor.workers}
 
-        def watch() -> None:
-            died = sentinels[multiprocessing.connection.wait(list(sentinels))[0]]
+        def lost(died: Any) -> None:
             if getattr(executor, "shutting_down", False):  # this engine's own shutdown
                 return
             self._torn = f"its worker process {died.name} (pid {died.pid}) died, exit code {died.exitcode}"
             if exit_when_lost:
                 say(f"rollout engine (pid {os.getpid()}): {self._torn}; ending this process so that the engine is "
-                      f"replaced", err=True)
+                    f"replaced", err=True)
                 os._exit(1)
 
-        threading.Thread(target=watch, name="distrl-engine-workers", daemon=True).start()
+        def call_failed(error: BaseException) -> None:
+            ready = multiprocessing.connection.wait(list(sentinels), timeout=0)
+            if ready:
+                lost(sentinels[ready[0]])
+
+        threading.Thread(target=lambda: lost(sentinels[multiprocessing.connection.wait(list(sentinels))[0]]),
+                         name="distrl-engine-workers", daemon=True).start()
+        self.engine.on_failure = call_failed
 
     def worker_pids(self) -> list[int]:
         """The process ids of the engine's workers (this process's at TP 1)."""
