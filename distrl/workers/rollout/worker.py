@@ -177,13 +177,16 @@ class RolloutWorker:
         error; otherwise every later call raises UnusableEngine. It ends from a thread that waits on the workers'
         sentinels, and from any call that fails once they are gone: vLLM's executor wakes on the same sentinels
         and fails the calls in flight ("cancelled"), which would otherwise race the watching thread back to the
-        driver (2 runs in 10 of the killed-worker test before this). (The reverse needs nothing: each worker ends
-        when this process does, on vLLM's death pipe.)"""
+        driver; and vLLM's answer shuts its executor down, which is not this engine's own shutdown (the run
+        stopped on that error in 2 of 10 runs, then 1 of 2, of the killed-worker test before both). (The reverse
+        needs nothing: each worker ends when this process does, on vLLM's death pipe.)"""
         executor = self.llm.llm_engine.engine_core.engine_core.model_executor
         sentinels = {w.proc.sentinel: w.proc for w in executor.workers}
 
         def lost(died: Any) -> None:
-            if getattr(executor, "shutting_down", False):  # this engine's own shutdown
+            # This engine's own shutdown, not vLLM's answer to a dead worker (which marks the executor failed,
+            # then shuts it down: the calls in flight fail, and this process must end all the same).
+            if getattr(executor, "shutting_down", False) and not getattr(executor, "is_failed", False):
                 return
             self._torn = f"its worker process {died.name} (pid {died.pid}) died, exit code {died.exitcode}"
             if exit_when_lost:
