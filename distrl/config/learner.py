@@ -146,6 +146,14 @@ class LearnerConfig(Section):
     has GPUs."""
     max_consecutive_nonfinite: int = Field(default=3, gt=0)
     """Optimizer steps with a non-finite loss or grad norm are skipped; this many in a row stop the run."""
+    sequence_parallel_size: int = Field(default=1, gt=0)
+    """Learners that share each micro-batch (Ulysses sequence parallelism, `distrl.workers.training.ulysses`): the
+    packed row's tokens are split into this many slices, one per learner, and each layer's attention exchanges heads
+    for tokens (an all-to-all) so that every learner attends over the whole sequences for 1/k of the heads. The
+    learners form a data-parallel x sequence-parallel grid: the batch is split over `num_actors / k` data-parallel
+    groups, and the k learners of a group see the same micro-batches. Activations per learner fall about k-fold; the
+    model's attention and key/value head counts and the learner count (`cluster.learner.num_actors`) must be
+    multiples of it."""
     lora: LoraConfig | None = None
     """Train low-rank adapters instead of the whole model (`LoraConfig`); null: full fine-tuning."""
 

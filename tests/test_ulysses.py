@@ -1,0 +1,154 @@
+"""Ulysses sequence parallelism (`learner.sequence_parallel_size`, `distrl.workers.training.ulysses`): two processes
+in a real gloo group on the CPU each hold half of a packed micro-batch's tokens, and compute exactly what one process
+computes on all of them: the token log-probs and entropies, the loss, and (summed over the two) every gradient, in
+float64; and two learners sharing every micro-batch (a 1 x 2 grid) train as one learner does, counting each token
+once."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from test_learner import batch, make_learner, update
+from test_learner_fsdp import UPDATES, assert_same_training, full_weights
+from test_sharding import _spawn
+
+from distrl.config import FSDPStrategy, ModelConfig, ReplicateStrategy
+from distrl.merging import values
+from distrl.types.batches import Sequences
+from distrl.workers.training import dist
+from distrl.workers.training.model import load_causal_lm, response_logprobs
+from distrl.workers.training.packing import host_layout
+
+TEMPERATURE = 0.7
+
+
+def ragged() -> Sequences:
+    """3 rows of 7, 10 and 4 real tokens (21: the packed row does not halve, and the 10-token sequence straddles
+    the cut at token 11), left-padded prompts of 4 columns and responses of 6."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 200, (3, 10), generator=g)
+    attention = torch.ones(3, 10, dtype=torch.long)
+    attention[0, :1] = 0
+    attention[0, 8:] = 0  # 3 prompt + 4 response tokens
+    attention[2, :2] = 0
+    attention[2, 6:] = 0  # 2 prompt + 2 response tokens
+    mask = attention[:, 4:].float()
+    return Sequences(input_ids=ids, attention_mask=attention, response_mask=mask,
+                     rollout_logprobs=torch.zeros(3, 6), policy_version=torch.zeros(3, dtype=torch.long),
+                     response_versions=torch.zeros(3, 6, dtype=torch.long))
+
+
+CASES = {"packed": lambda: batch().sequences, "ragged": ragged}
+"""test_learner's batch (68 real tokens: left-padded prompts, shorter responses) and `ragged` (21 tokens)."""
+
+
+def loss_of(logprobs: torch.Tensor, entropy: torch.Tensor, seqs: Sequences) -> torch.Tensor:
+    """A loss that weighs every token differently (so a token counted twice, or in the wrong place, shows)."""
+    weights = torch.arange(1, seqs.response_mask.numel() + 1, dtype=logprobs.dtype).view_as(logprobs) / 10
+    return ((logprobs * weights + 0.3 * entropy) * seqs.response_mask).sum()
+
+
+def forward_backward(model: torch.nn.Module, seqs: Sequences, split=None) -> dict[str, torch.Tensor]:
+    """Log-probs, entropies, the loss and every parameter's gradient of one micro-batch (this process's slice of it
+    with `split`)."""
+    layout = host_layout(seqs)
+    logprobs, entropy = response_logprobs(model, seqs, TEMPERATURE, with_entropy=True,
+                                          layout=layout.split(split) if split else layout)
+    loss = loss_of(logprobs, entropy, seqs)
+    model.zero_grad(set_to_none=False)
+    loss.backward()
+    return {"logprobs": logprobs.detach(), "entropy": entropy.detach(), "loss": loss.detach(),
+            **{f"grad/{name}": p.grad.clone() for name, p in model.named_parameters()}}
+
+
+def float64_model(model_dir: Path, plain_head: bool) -> torch.nn.Module:
+    model = load_causal_lm(ModelConfig(path=str(model_dir)), "float32").double().train()
+    if plain_head:  # a model that transforms its logits takes the plain LM head (`model.logit_transforms`); the
+        model.config.logit_scale = 2.0  # tiny Qwen2 itself ignores the field, so the numbers stay comparable
+    return model
+
+
+def scenario_split(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
+    """Each case on both ranks, each rank holding half of the packed row: what rank 0 computed, and the gradients
+    summed over the two (what FSDP's reduce-scatter sums)."""
+    dist.init_process_group("127.0.0.1", port, rank, world, "cpu", sequence_parallel=2)
+    split = dist.sequence_split()
+    assert split is not None and split.rank == rank and dist.data_parallel_size() == 1
+    result = {}
+    for plain_head in (False, True):
+        model = float64_model(model_dir, plain_head)
+        for case, make in CASES.items():
+            got = forward_backward(model, make(), split)
+            for key, value in got.items():
+                if key.startswith("grad/"):
+                    result[f"{case}/{plain_head}/own/{key}"] = value.clone()
+                    torch.distributed.all_reduce(value)
+                result[f"{case}/{plain_head}/{key}"] = value
+    return result
+
+
+@pytest.fixture(scope="module")
+def split_run(tiny_qwen2_dir, tmp_path_factory) -> dict:
+    return _spawn("test_ulysses:scenario_split", tiny_qwen2_dir, tmp_path_factory.mktemp("ulysses"))
+
+
+@pytest.mark.parametrize("plain_head", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_sharing_a_micro_batch_compute_the_unsplit_log_probs_loss_and_gradients(
+        split_run, tiny_qwen2_dir, case, plain_head):
+    """Tiny Qwen2 (4 query and 2 key/value heads: each rank attends with 2 and 1 of them), float64."""
+    whole = forward_backward(float64_model(tiny_qwen2_dir, plain_head), CASES[case]())
+    prefix = f"{case}/{plain_head}/"
+    mismatched = []
+    for key, expected in whole.items():
+        torch.testing.assert_close(split_run[prefix + key], expected, rtol=1e-10, atol=1e-12, msg=key)
+        if key.startswith("grad/") and expected.abs().max() > 1e-6:
+            own = split_run[prefix + "own/" + key]
+            mismatched.append(not torch.allclose(own, expected, rtol=1e-6, atol=1e-9))
+    # Negative control: one rank's own gradient is only its slice's part; only the sum over the group is whole.
+    assert all(mismatched) and len(mismatched) > 10
+
+
+def scenario_learners(rank: int, world: int, port: int, model_dir: Path, out: Path, strategy: str) -> dict:
+    """Two learners with sequence_parallel_size 2 (one data-parallel group): both hold the whole batch, as the loop
+    gives it to them, and split every micro-batch (a token budget of 40: the batch's 68 tokens in 2)."""
+    learner = make_learner(model_dir, strategy=FSDPStrategy() if strategy == "fsdp" else ReplicateStrategy(),
+                           lr=1e-3, sequence_parallel_size=2, max_tokens_per_micro_batch=40)
+    learner.connect("127.0.0.1", port, rank, world)
+    assert learner.trainer.local_mini_batch_size == 8  # one data-parallel group: every row of each mini-batch
+    (shard,) = batch().shard(1, 1)
+    losses, tokens, groups = [], [], []
+    for _ in range(UPDATES):
+        scored = replace(shard, old_logprobs=learner.logprobs(shard.sequences))
+        figs = values(learner.update(scored))
+        losses.append(figs["loss/policy"])
+        tokens.append(figs["learner/tokens"])
+        groups.append(len(learner.trainer.micro_rows))
+    return {"losses": torch.tensor(losses), "tokens": torch.tensor(tokens), "micro_batches": torch.tensor(groups),
+            **full_weights(learner)}
+
+
+def scenario_learners_replicate(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
+    return scenario_learners(rank, world, port, model_dir, out, "replicate")
+
+
+def scenario_learners_fsdp(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
+    return scenario_learners(rank, world, port, model_dir, out, "fsdp")
+
+
+@pytest.mark.parametrize("strategy", ["replicate", "fsdp"])
+def test_two_learners_sharing_every_micro_batch_train_as_one_learner(tiny_model_dir, tmp_path, strategy):
+    """The losses (summed over the data-parallel group, not over the two learners that computed the same one),
+    the token count and the weights after two updates are one learner's, in the same 2 micro-batches (a set budget
+    counts a micro-batch's tokens, however many learners share them)."""
+    result = _spawn(f"test_ulysses:scenario_learners_{strategy}", tiny_model_dir, tmp_path)
+    single = make_learner(tiny_model_dir, lr=1e-3, max_tokens_per_micro_batch=40)
+    data = batch()
+    figs = [update(single, replace(data, old_logprobs=single.logprobs(data.sequences))) for _ in range(UPDATES)]
+    assert len(single.trainer.micro_rows) == 2
+    assert result.pop("micro_batches").tolist() == [2] * UPDATES
+    assert result.pop("tokens").tolist() == [figs[0]["learner/tokens"]] * UPDATES == [40.0] * UPDATES
+    assert_same_training(result, [f["loss/policy"] for f in figs], full_weights(single))
