@@ -1,8 +1,8 @@
-"""Ulysses sequence parallelism (`learner.sequence_parallel_size`, `distrl.workers.training.ulysses`): two processes
-in a real gloo group on the CPU each hold half of a packed micro-batch's tokens, and compute exactly what one process
+"""Ulysses sequence parallelism (`learner.sequence_parallel_size`, `distrl.workers.training.ulysses`): two processes in
+a real gloo group on the CPU each hold half of a packed micro-batch's tokens, and compute exactly what one process
 computes on all of them: the token log-probs and entropies, the loss, and (summed over the two) every gradient, in
-float64; and two learners sharing every micro-batch (a 1 x 2 grid) train as one learner does, counting each token
-once."""
+float64, for a dense and an MoE model; and two learners sharing every micro-batch (a 1 x 2 grid) train as one learner
+does, counting each token once."""
 
 from __future__ import annotations
 
@@ -66,8 +66,10 @@ def forward_backward(model: torch.nn.Module, seqs: Sequences, split=None) -> dic
 
 def float64_model(model_dir: Path, plain_head: bool) -> torch.nn.Module:
     model = load_causal_lm(ModelConfig(path=str(model_dir)), "float32").double().train()
+    if getattr(model.config, "num_experts", None):  # transformers' grouped-matmul experts take no float64
+        model.set_experts_implementation("eager")
     if plain_head:  # a model that transforms its logits takes the plain LM head (`model.logit_transforms`); the
-        model.config.logit_scale = 2.0  # tiny Qwen2 itself ignores the field, so the numbers stay comparable
+        model.config.logit_scale = 2.0  # tiny models themselves ignore the field, so the numbers stay comparable
     return model
 
 
@@ -90,17 +92,39 @@ def scenario_split(rank: int, world: int, port: int, model_dir: Path, out: Path)
     return result
 
 
+def make_tiny_moe(directory: Path) -> Path:
+    """A random tiny Qwen3-MoE (hidden 64, 2 layers, 4 experts of width 32, top-2 routing; 4 query and 2 key/value
+    heads), its weights only (the forward pass needs no tokenizer)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            num_experts=4, num_experts_per_tok=2, mlp_only_layers=[], max_position_embeddings=512)
+    torch.manual_seed(0)
+    Qwen3MoeForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
 @pytest.fixture(scope="module")
-def split_run(tiny_qwen2_dir, tmp_path_factory) -> dict:
-    return _spawn("test_ulysses:scenario_split", tiny_qwen2_dir, tmp_path_factory.mktemp("ulysses"))
+def model_dirs(tiny_qwen2_dir, tmp_path_factory) -> dict[str, Path]:
+    return {"dense": tiny_qwen2_dir, "moe": make_tiny_moe(tmp_path_factory.mktemp("tiny_moe"))}
+
+
+@pytest.fixture(scope="module")
+def split_runs(model_dirs, tmp_path_factory) -> dict[str, dict]:
+    return {name: _spawn("test_ulysses:scenario_split", directory, tmp_path_factory.mktemp(f"ulysses_{name}"))
+            for name, directory in model_dirs.items()}
 
 
 @pytest.mark.parametrize("plain_head", [False, True])
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("model", ["dense", "moe"])
 def test_two_ranks_sharing_a_micro_batch_compute_the_unsplit_log_probs_loss_and_gradients(
-        split_run, tiny_qwen2_dir, case, plain_head):
-    """Tiny Qwen2 (4 query and 2 key/value heads: each rank attends with 2 and 1 of them), float64."""
-    whole = forward_backward(float64_model(tiny_qwen2_dir, plain_head), CASES[case]())
+        split_runs, model_dirs, model, case, plain_head):
+    """Tiny Qwen2 and Qwen3-MoE (4 query and 2 key/value heads: each rank attends with 2 and 1 of them; the experts
+    route each token of a rank's slice as they route it in the whole row), float64."""
+    split_run = split_runs[model]
+    whole = forward_backward(float64_model(model_dirs[model], plain_head), CASES[case]())
     prefix = f"{case}/{plain_head}/"
     mismatched = []
     for key, expected in whole.items():
