@@ -17,9 +17,13 @@ configuration runs in fresh processes (a gloo group on 127.0.0.1, one thread eac
            learners with `sequence_parallel_size: 2`: each step's row (policy loss, gradient
            norm, tokens, KL to the old policy, clipped share), and the largest difference between the two runs' rows.
 
+  loop     with `--loop`: the quickstart (configs/quickstart.yaml, Ray and vLLM's CPU build) for `--loop-steps`
+           steps, with 1 learner and with 2 `fsdp` learners sharing every micro-batch, same seed: each figure of
+           the two runs' rows (times, rates and idle shares left out) compared step by step.
+
 The last lines read `sequence parallel: activations k=2/k=1 0.NNx (peak 0.NNx), rows equal to 1e-N over S steps`.
 
-    python bench/bench_sequence_parallel.py [--tokens 8192] [--steps 4]
+    python bench/bench_sequence_parallel.py [--tokens 8192] [--steps 4] [--loop] [--loop-steps 5]
 """
 
 from __future__ import annotations
@@ -176,11 +180,52 @@ def run(world: int, what: str, model_dir: str, arg: int) -> list[dict]:
         return [json.loads(Path(out, f"{r}.json").read_text()) for r in range(world)]
 
 
+UNTIMED = ("time/", "rollout/tokens_per_s", "sync/bytes_per_s", "idle/", "busy/", "throughput/", "rollout/engine_busy")
+"""Row figures that measure time or rates, which differ between any two runs."""
+
+
+def loop_rows(steps: int, out: Path) -> dict[int, list[dict]]:
+    """The rows of two quickstart runs under `out`: 1 learner (k 1), and 2 sharded learners sharing every micro-batch
+    (k 2)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    common = ["--set", f"run.steps={steps}", "--set", "eval=null", "--set", f"run.output_dir={out}"]
+    more = {1: [], 2: ["--set", "cluster.learner.num_actors=2", "--set", "learner.sequence_parallel_size=2",
+                       "--set", "learner.strategy.type=fsdp"]}
+    rows = {}
+    for k, extra in more.items():
+        subprocess.run([sys.executable, "-m", "distrl.cli", "train", "configs/quickstart.yaml", *common, "--set",
+                        f"run.name=k{k}", *extra], cwd=root, check=True, stdout=subprocess.DEVNULL)
+        rows[k] = [json.loads(line) for line in (out / f"k{k}" / "metrics.jsonl").read_text().splitlines()]
+    return rows
+
+
+def compare_loop(rows: dict[int, list[dict]]) -> None:
+    shown = ("reward/mean", "learner/tokens", "learner/grad_norm", "loss/policy")
+    print(f"{'step':>4} " + " ".join(f"{key + ' k=' + str(k):>22}" for key in shown for k in (1, 2)))
+    worst: dict[str, float] = {}
+    for one, two in zip(rows[1], rows[2], strict=True):
+        print(f"{one['step']:>4} " + " ".join(f"{row[key]:>22.10g}" for key in shown for row in (one, two)))
+        for key, value in one.items():
+            if isinstance(value, float | int) and not key.startswith(UNTIMED) and key != "step":
+                worst[key] = max(worst.get(key, 0.0), abs(value - two[key]) / max(abs(value), 1e-6))
+    largest = sorted(worst.items(), key=lambda kv: -kv[1])[:6]
+    print(f"{len(worst)} figures compared over {len(rows[1])} steps; largest relative differences: "
+          + ", ".join(f"{key} {d:.1e}" for key, d in largest))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=8192, help="tokens of the long micro-batch")
     parser.add_argument("--steps", type=int, default=4, help="updates of the training comparison")
+    parser.add_argument("--loop", action="store_true", help="also compare two quickstart runs (Ray, vLLM)")
+    parser.add_argument("--loop-steps", type=int, default=5, help="steps of each quickstart run")
     args = parser.parse_args()
+    if args.loop:
+        with tempfile.TemporaryDirectory() as out:
+            compare_loop(loop_rows(args.loop_steps, Path(out)))
     with tempfile.TemporaryDirectory() as directory:
         write_model(Path(directory))
         print(f"model: Llama {SIZE}, float32; one micro-batch of {args.tokens} tokens ({PROMPT} prompt)")
