@@ -96,7 +96,8 @@ BAD = [
     (["learner.sequence_parallel_size=2", "cluster.learner.num_actors=6", "learner.micro_batch_size=3"],
      "must be divisible by cluster.learner.num_actors / learner.sequence_parallel_size (3) x "
      "learner.micro_batch_size (3)"),
-    (["critic.sequence_parallel_size=2", "algorithm.advantage=gae"], "critic.sequence_parallel_size 2"),
+    (["critic.sequence_parallel_size=2", "algorithm.advantage=gae"],
+     "cluster.critic.num_actors (1) must be a multiple of critic.sequence_parallel_size (2)"),
     (["algorithm.old_logprobs=rollout", "loss.correction.mode=tis"], "algorithm.old_logprobs"),
     (["rollout.max_model_len=10"], "rollout.max_model_len"),
     (["rollout.sampling.temperature=0"], "rollout.sampling.temperature"),

@@ -176,3 +176,36 @@ def test_two_learners_sharing_every_micro_batch_train_as_one_learner(tiny_model_
     assert result.pop("micro_batches").tolist() == [2] * UPDATES
     assert result.pop("tokens").tolist() == [figs[0]["learner/tokens"]] * UPDATES == [40.0] * UPDATES
     assert_same_training(result, [f["loss/policy"] for f in figs], full_weights(single))
+
+
+def scenario_critics(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
+    """Two replicated critics with sequence_parallel_size 2 on the whole of test_critic's batch."""
+    from test_critic import batch as critic_batch
+    from test_critic import make_critic, with_values
+
+    critic = make_critic(model_dir, sequence_parallel_size=2, max_tokens_per_micro_batch=40)
+    critic.connect("127.0.0.1", port, rank, world)
+    (shard,) = critic_batch().shard(1, 1)
+    losses, tokens = [], []
+    for _ in range(UPDATES):
+        figs = values(critic.update(with_values(critic, shard)))
+        losses.append(figs["critic/value_loss"])
+        tokens.append(figs["critic/tokens"])
+    return {"losses": torch.tensor(losses), "tokens": torch.tensor(tokens),
+            "values": critic.values(shard.sequences)}
+
+
+def test_two_critics_sharing_every_micro_batch_train_as_one_critic(tiny_model_dir, tmp_path):
+    """The value model's forward pass splits alike (`critic.sequence_parallel_size`): the same values, value
+    losses (summed once per data-parallel group) and token counts as one critic's, update after update."""
+    from test_critic import batch as critic_batch
+    from test_critic import make_critic, with_values
+
+    result = _spawn("test_ulysses:scenario_critics", tiny_model_dir, tmp_path)
+    single = make_critic(tiny_model_dir, max_tokens_per_micro_batch=40)
+    data = critic_batch()
+    figs = [values(single.update(with_values(single, data))) for _ in range(UPDATES)]
+    torch.testing.assert_close(result["losses"], torch.tensor([f["critic/value_loss"] for f in figs]),
+                               rtol=1e-5, atol=1e-7)
+    assert result["tokens"].tolist() == [figs[0]["critic/tokens"]] * UPDATES == [40.0] * UPDATES
+    torch.testing.assert_close(result["values"], single.values(data.sequences), rtol=0, atol=3e-5)

@@ -25,13 +25,15 @@ def critic_problems(critic: CriticConfig | None, cluster: ClusterConfig, advanta
                 f"'{advantage}'): remove the critic or set algorithm.advantage: gae"]
     errors = []
     critics, micro = cluster.critic.num_actors, critic.micro_batch_size
+    k = critic.sequence_parallel_size
+    shards = max(critics // k, 1)  # data-parallel groups: the k critics of one share its rows
+    named = "cluster.critic.num_actors / critic.sequence_parallel_size" if k > 1 else "cluster.critic.num_actors"
     if batch % mini:
         errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
                       f"critic.mini_batch_size ({mini})")
-    if mini % (critics * (1 if critic.max_tokens_per_micro_batch else micro)):
-        errors.append(f"critic.mini_batch_size ({mini}) must be divisible by cluster.critic.num_actors "
-                      f"({critics})" + ("" if critic.max_tokens_per_micro_batch else
-                                        f" x critic.micro_batch_size ({micro})"))
+    if mini % (shards * (1 if critic.max_tokens_per_micro_batch else micro)):
+        errors.append(f"critic.mini_batch_size ({mini}) must be divisible by {named} ({shards})"
+                      + ("" if critic.max_tokens_per_micro_batch else f" x critic.micro_batch_size ({micro})"))
     if cluster.backend == "local" and critics > 1:
         errors.append(f"cluster.backend 'local' runs one critic in the driver's process; "
                       f"cluster.critic.num_actors is {critics}")
@@ -107,21 +109,21 @@ def lora_problems(learner: LearnerConfig, reference: ReferenceConfig, cluster: C
 
 def sequence_parallel_problems(learner: LearnerConfig, critic: CriticConfig | None,
                                cluster: ClusterConfig) -> list[str]:
-    """`learner.sequence_parallel_size` k: the learners form groups of k (a data-parallel x sequence-parallel grid),
-    which needs their process group (Ray actors) and a learner count that k divides. (The heads k must divide are
-    the model's: `distrl.preflight.model` checks them.)"""
-    k, learners = learner.sequence_parallel_size, cluster.learner.num_actors
+    """`learner.sequence_parallel_size` k (and the critic's): the learners form groups of k (a data-parallel x
+    sequence-parallel grid), which needs their process group (Ray actors) and a learner count that k divides. (The
+    heads k must divide are the model's: `distrl.preflight.model` checks them.)"""
+    roles = [("learner", learner, cluster.learner.num_actors)]
+    if critic is not None:
+        roles.append(("critic", critic, cluster.critic.num_actors))
     errors = []
-    if learners % k:
-        errors.append(f"cluster.learner.num_actors ({learners}) must be a multiple of learner.sequence_parallel_size "
-                      f"({k}): the learners form data-parallel groups of {k} that share each micro-batch")
-    if k > 1 and cluster.backend == "local":
-        errors.append(f"learner.sequence_parallel_size {k} splits each micro-batch over the learners' process "
-                      f"group, which cluster.backend 'local' does not have; use cluster.backend 'ray'")
-    if critic is not None and critic.sequence_parallel_size > 1:
-        errors.append(f"critic.sequence_parallel_size {critic.sequence_parallel_size}: the value model's forward "
-                      f"pass is not split over critics (only the policy's is, learner.sequence_parallel_size); "
-                      f"set it to 1")
+    for role, section, actors in roles:
+        k = section.sequence_parallel_size
+        if actors % k:
+            errors.append(f"cluster.{role}.num_actors ({actors}) must be a multiple of {role}.sequence_parallel_size "
+                          f"({k}): the {role}s form data-parallel groups of {k} that share each micro-batch")
+        if k > 1 and cluster.backend == "local":
+            errors.append(f"{role}.sequence_parallel_size {k} splits each micro-batch over the {role}s' process "
+                          f"group, which cluster.backend 'local' does not have; use cluster.backend 'ray'")
     return errors
 
 

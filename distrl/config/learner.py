@@ -152,8 +152,8 @@ class LearnerConfig(Section):
     for tokens (an all-to-all) so that every learner attends over the whole sequences for 1/k of the heads. The
     learners form a data-parallel x sequence-parallel grid: the batch is split over `num_actors / k` data-parallel
     groups, and the k learners of a group see the same micro-batches. Activations per learner fall about k-fold; the
-    model's attention and key/value head counts and the learner count (`cluster.learner.num_actors`) must be
-    multiples of it."""
+    model's attention and key/value head counts and the learner count (`cluster.learner.num_actors`; the critic's:
+    `cluster.critic.num_actors`) must be multiples of it."""
     lora: LoraConfig | None = None
     """Train low-rank adapters instead of the whole model (`LoraConfig`); null: full fine-tuning."""
 

@@ -68,22 +68,30 @@ class Job:
 
 
 
-def data_groups(job: Job) -> int:
-    """The learners' data-parallel groups: with `learner.sequence_parallel_size` k, each k learners share every
-    micro-batch of one part of the batch."""
-    return len(job.roles.learner) // job.cfg.learner.sequence_parallel_size
+def data_groups(job: Job, role: str = "learner") -> int:
+    """The data-parallel groups of `role` ("learner" or "critic"): with its `sequence_parallel_size` k, each k
+    actors share every micro-batch of one part of the batch."""
+    group = job.roles.learner if role == "learner" else job.roles.critic
+    assert group is not None
+    return len(group) // sequence_parallel(job, role)
 
 
-def to_learners(job: Job, parts: list[Any]) -> list[Any]:
-    """Each data-parallel group's part, once for each of its learners (in rank order: a group is k consecutive
-    learners, `distrl.workers.training.dist`)."""
-    return [part for part in parts for _ in range(job.cfg.learner.sequence_parallel_size)]
+def sequence_parallel(job: Job, role: str) -> int:
+    section = job.cfg.learner if role == "learner" else job.cfg.critic
+    assert section is not None
+    return section.sequence_parallel_size
 
 
-def one_per_group(job: Job, answers: list[Any]) -> list[Any]:
-    """The answer of the first learner of each data-parallel group: its k learners answer the same (counted k
-    times, a group's tokens and loss would weigh k-fold)."""
-    return answers[::job.cfg.learner.sequence_parallel_size]
+def to_learners(job: Job, parts: list[Any], role: str = "learner") -> list[Any]:
+    """Each data-parallel group's part, once for each of its actors (in rank order: a group is k consecutive
+    ranks, `distrl.workers.training.dist`)."""
+    return [part for part in parts for _ in range(sequence_parallel(job, role))]
+
+
+def one_per_group(job: Job, answers: list[Any], role: str = "learner") -> list[Any]:
+    """The answer of the first actor of each data-parallel group: its k actors answer the same (counted k times, a
+    group's tokens and loss would weigh k-fold)."""
+    return answers[::sequence_parallel(job, role)]
 
 
 def start_reference(job: Job, sequences: Sequences) -> list[Any] | None:
@@ -116,8 +124,8 @@ def start_values(job: Job, sequences: Sequences) -> list[Any] | None:
     critic)."""
     if job.roles.critic is None:
         return None
-    shards = sequences.split(min(len(job.roles.critic), sequences.batch_size))
-    return job.roles.critic.map_shards(Critic.values, shards)
+    shards = sequences.split(min(data_groups(job, "critic"), sequences.batch_size))
+    return job.roles.critic.map_shards(Critic.values, to_learners(job, shards, "critic"))
 
 
 def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: list[Any] | None,
@@ -148,7 +156,8 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
     old_values: torch.Tensor | None = None
     if values:
         with job.timer("values"):
-            old_values = torch.cat(job.producer.wait_for(values, calls(job.roles.critic, "values", values)))
+            old_values = torch.cat(one_per_group(job, job.producer.wait_for(values, calls(job.roles.critic, "values",
+                                                                                          values)), "critic"))
     returns: torch.Tensor | None = None
     with job.timer("advantages"):
         rewards = torch.tensor(scored.rewards)
@@ -206,8 +215,8 @@ def start_update(job: Job, batch: TrainBatch) -> Updating:
     learner = job.roles.learner.map_shards(Learner.update, to_learners(job, batch.shard(groups, mini_batches, rows)))
     critic = None
     if job.roles.critic is not None:
-        parts = batch.shard(len(job.roles.critic), job.cfg.critic_mini_batches)
-        critic = job.roles.critic.map_shards(Critic.update, parts)
+        parts = batch.shard(data_groups(job, "critic"), job.cfg.critic_mini_batches)
+        critic = job.roles.critic.map_shards(Critic.update, to_learners(job, parts, "critic"))
     return Updating(learner, rows, critic)
 
 
@@ -220,7 +229,8 @@ def finish_update(job: Job, handles: Updating, batch: TrainBatch, step: int) -> 
     job.learner_clock.stop()
     figs = merging.merge(results, [r["learner/tokens"].value for r in results])
     if handles.critic:
-        critics = job.producer.wait_for(handles.critic, calls(job.roles.critic, "update", handles.critic))
+        critics = one_per_group(job, job.producer.wait_for(handles.critic, calls(job.roles.critic, "update",
+                                                                                 handles.critic)), "critic")
         figs.update(merging.merge(critics, [r["critic/tokens"].value for r in critics]))
     metrics = merging.values(figs)
     if batch.old_logprobs is None:
