@@ -196,8 +196,8 @@ def loop_rows(steps: int, out: Path) -> dict[int, list[dict]]:
                        "--set", "learner.strategy.type=fsdp"]}
     rows = {}
     for k, extra in more.items():
-        subprocess.run([sys.executable, "-m", "distrl.cli", "train", "configs/quickstart.yaml", *common, "--set",
-                        f"run.name=k{k}", *extra], cwd=root, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "distrl.cli", "train", "--config", "configs/quickstart.yaml", *common,
+                        "--set", f"run.name=k{k}", *extra], cwd=root, check=True, stdout=subprocess.DEVNULL)
         rows[k] = [json.loads(line) for line in (out / f"k{k}" / "metrics.jsonl").read_text().splitlines()]
     return rows
 
@@ -223,9 +223,6 @@ def main() -> None:
     parser.add_argument("--loop", action="store_true", help="also compare two quickstart runs (Ray, vLLM)")
     parser.add_argument("--loop-steps", type=int, default=5, help="steps of each quickstart run")
     args = parser.parse_args()
-    if args.loop:
-        with tempfile.TemporaryDirectory() as out:
-            compare_loop(loop_rows(args.loop_steps, Path(out)))
     with tempfile.TemporaryDirectory() as directory:
         write_model(Path(directory))
         print(f"model: Llama {SIZE}, float32; one micro-batch of {args.tokens} tokens ({PROMPT} prompt)")
@@ -246,6 +243,9 @@ def main() -> None:
     ratio = memories[2]["activation_mb"] / memories[1]["activation_mb"]
     peak = memories[2]["peak_mb"] / memories[1]["peak_mb"]
     print(f"both k=2 learners report the same rows: {same_ranks}")
+    if args.loop:
+        with tempfile.TemporaryDirectory() as out:
+            compare_loop(loop_rows(args.loop_steps, Path(out)))
     print(f"sequence parallel: activations k=2/k=1 {ratio:.2f}x (peak {peak:.2f}x), rows equal to {worst:.1e} "
           f"(relative) over {args.steps} steps")
 
