@@ -64,12 +64,20 @@ def forward_backward(model: torch.nn.Module, seqs: Sequences, split=None) -> dic
             **{f"grad/{name}": p.grad.clone() for name, p in model.named_parameters()}}
 
 
-def float64_model(model_dir: Path, plain_head: bool) -> torch.nn.Module:
+VARIANTS = ("chunked", "plain_head", "checkpointed")
+"""The chunked LM head (`linear_logprobs`), the plain one, and the chunked one with gradient checkpointing (each
+layer's forward, the all-to-alls with it, run again in the backward)."""
+
+
+def float64_model(model_dir: Path, variant: str) -> torch.nn.Module:
     model = load_causal_lm(ModelConfig(path=str(model_dir)), "float32").double().train()
     if getattr(model.config, "num_experts", None):  # transformers' grouped-matmul experts take no float64
         model.set_experts_implementation("eager")
-    if plain_head:  # a model that transforms its logits takes the plain LM head (`model.logit_transforms`); the
-        model.config.logit_scale = 2.0  # tiny models themselves ignore the field, so the numbers stay comparable
+    if variant == "plain_head":  # a model that transforms its logits takes the plain LM head
+        model.config.logit_scale = 2.0  # (`model.logit_transforms`); tiny models ignore the field: same numbers
+    if variant == "checkpointed":
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
     return model
 
 
@@ -80,15 +88,15 @@ def scenario_split(rank: int, world: int, port: int, model_dir: Path, out: Path)
     split = dist.sequence_split()
     assert split is not None and split.rank == rank and dist.data_parallel_size() == 1
     result = {}
-    for plain_head in (False, True):
-        model = float64_model(model_dir, plain_head)
+    for variant in VARIANTS:
+        model = float64_model(model_dir, variant)
         for case, make in CASES.items():
             got = forward_backward(model, make(), split)
             for key, value in got.items():
                 if key.startswith("grad/"):
-                    result[f"{case}/{plain_head}/own/{key}"] = value.clone()
+                    result[f"{case}/{variant}/own/{key}"] = value.clone()
                     torch.distributed.all_reduce(value)
-                result[f"{case}/{plain_head}/{key}"] = value
+                result[f"{case}/{variant}/{key}"] = value
     return result
 
 
@@ -116,16 +124,17 @@ def split_runs(model_dirs, tmp_path_factory) -> dict[str, dict]:
             for name, directory in model_dirs.items()}
 
 
-@pytest.mark.parametrize("plain_head", [False, True])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("model", ["dense", "moe"])
 def test_two_ranks_sharing_a_micro_batch_compute_the_unsplit_log_probs_loss_and_gradients(
-        split_runs, model_dirs, model, case, plain_head):
+        split_runs, model_dirs, model, case, variant):
     """Tiny Qwen2 and Qwen3-MoE (4 query and 2 key/value heads: each rank attends with 2 and 1 of them; the experts
     route each token of a rank's slice as they route it in the whole row), float64."""
     split_run = split_runs[model]
-    whole = forward_backward(float64_model(model_dirs[model], plain_head), CASES[case]())
-    prefix = f"{case}/{plain_head}/"
+    whole = forward_backward(float64_model(model_dirs[model], "plain_head" if variant == "plain_head" else "chunked"),
+                             CASES[case]())  # checkpointed: against the pass without recomputation
+    prefix = f"{case}/{variant}/"
     mismatched = []
     for key, expected in whole.items():
         torch.testing.assert_close(split_run[prefix + key], expected, rtol=1e-10, atol=1e-12, msg=key)
