@@ -136,9 +136,10 @@ class LearnerConfig(Section):
     go into as few micro-batches of at most this many tokens as first-fit decreasing finds, balanced longest first
     (a longer sequence goes alone). The loss stays exactly the full mini-batch's (global normalisation), whatever
     the partition. `auto`: the most tokens whose activations fit in the GPU's free memory beside the weights,
-    gradients and AdamW state, from the model's shape (`distrl.workers.training.token_budget`; 8192 on the CPU). Null:
-    fixed micro-batches of `micro_batch_size` sequences. Left out with `micro_batch_size` left out too, it is `auto`
-    when the role has GPUs."""
+    gradients and AdamW state, from the model's shape (`distrl.workers.training.token_budget`; 8192 on the CPU), k
+    times that with `sequence_parallel_size` k (each learner then holds 1/k of a micro-batch's tokens; a number set
+    here counts the whole micro-batch's). Null: fixed micro-batches of `micro_batch_size` sequences. Left out with
+    `micro_batch_size` left out too, it is `auto` when the role has GPUs."""
     kernels: Kernels = "plain"
     """Kernels for the model's elementwise work (`distrl.workers.training.kernels`): `plain` (transformers' modules),
     `liger` (liger-kernel's fused RMSNorm, rotary embedding and SwiGLU; the `kernels` extra) or `compile`
