@@ -77,6 +77,7 @@ def data_groups(job: Job, role: str = "learner") -> int:
 
 
 def sequence_parallel(job: Job, role: str) -> int:
+    """k of `role`: `learner.sequence_parallel_size` or `critic.sequence_parallel_size`."""
     section = job.cfg.learner if role == "learner" else job.cfg.critic
     assert section is not None
     return section.sequence_parallel_size

@@ -46,8 +46,8 @@ def init_process_group(master_addr: str, master_port: int, rank: int, world_size
 
     `sequence_parallel` k > 1 also makes the grid's groups (`make_grid`)."""
     if world_size % sequence_parallel:
-        raise ValueError(f"learner.sequence_parallel_size ({sequence_parallel}) must divide the learners "
-                         f"({world_size})")
+        raise ValueError(f"sequence_parallel_size ({sequence_parallel}) must divide the group's {world_size} ranks "
+                         f"(learner.sequence_parallel_size and cluster.learner.num_actors, or the critic's)")
     backend = "nccl" if device == "cuda" else "gloo"
     timeout = timedelta(seconds=timeout_s)
     store = rendezvous_store(master_addr, master_port, rank, world_size, timeout)
