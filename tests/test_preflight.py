@@ -152,6 +152,24 @@ def test_an_engine_over_workers_that_cannot_split_the_model_is_refused(tiny_mode
     assert len(problems(make_cfg(tiny_model_dir, toy_dataset, tmp_path, rollout={"tensor_parallel_size": 8}))) == 1
 
 
+def test_learners_that_cannot_split_the_heads_are_refused(tiny_qwen2_dir, toy_dataset, tmp_path):
+    # The tiny Qwen2: 4 attention heads, 2 key/value heads. Three learners split neither, four only the attention
+    # heads, two both.
+    def cfg(k: int):
+        return make_cfg(tiny_qwen2_dir, toy_dataset, tmp_path, learner={"sequence_parallel_size": k},
+                        cluster={"num_cpus": 8, "backend": "ray", "learner": {"num_actors": k}})
+
+    assert problems(cfg(3)) == [
+        f"learner.sequence_parallel_size (3) must divide the 4 attention heads of {tiny_qwen2_dir}: each learner of a "
+        f"sequence-parallel group attends with 1/3 of them",
+        f"learner.sequence_parallel_size (3) must divide the 2 key/value heads of {tiny_qwen2_dir}: each learner of a "
+        f"sequence-parallel group attends with 1/3 of them"]
+    assert problems(cfg(4)) == [
+        f"learner.sequence_parallel_size (4) must divide the 2 key/value heads of {tiny_qwen2_dir}: each learner of a "
+        f"sequence-parallel group attends with 1/4 of them"]
+    check(cfg(2))
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
 def test_an_unwritable_output_dir(tiny_model_dir, toy_dataset, tmp_path):
     locked = tmp_path / "locked"

@@ -57,3 +57,11 @@ def test_memory_that_other_parts_will_take_is_left_out(monkeypatch):
     # 3.58 GiB reserved leaves 0.02 GiB - 2 MB, room for 111 tokens
     with pytest.raises(ValueError, match=r"the other parts on the device 3.6 GiB.*fewer than 512 tokens"):
         auto_token_budget(Model(10**6), "cuda", training=False, reserved=3.58 * gib)
+
+
+def test_learners_sharing_a_micro_batch_hold_a_slice_of_its_tokens_each(monkeypatch):
+    # learner.sequence_parallel_size 2: each learner holds half of a micro-batch's tokens, so the micro-batch may
+    # have twice one learner's budget (16,117 tokens as above: 32,234), on the CPU too (2 x 8192).
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (40 * 2**30, 80 * 2**30))
+    assert auto_token_budget(Model(10**6), "cuda", training=True, sequence_parallel=2) == 2 * 16_117 == 32_234
+    assert auto_token_budget(Model(10), "cpu", training=True, sequence_parallel=2) == 16_384

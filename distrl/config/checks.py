@@ -1,6 +1,6 @@
 """Checks that span sections, one function per concern, each given the sections it reads and returning its problems
-(one line each, naming every field involved): the critic's, hybrid mode's, `learner.lora`'s and tensor-parallel
-engines'. `Config._cross_checks`
+(one line each, naming every field involved): the critic's, hybrid mode's, `learner.lora`'s, tensor-parallel
+engines' and sequence-parallel learners'. `Config._cross_checks`
 runs them with its own and reports all at once."""
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ def critic_problems(critic: CriticConfig | None, cluster: ClusterConfig, advanta
                 f"'{advantage}'): remove the critic or set algorithm.advantage: gae"]
     errors = []
     critics, micro = cluster.critic.num_actors, critic.micro_batch_size
+    k = critic.sequence_parallel_size
+    shards = max(critics // k, 1)  # data-parallel groups: the k critics of one share its rows
+    named = "cluster.critic.num_actors / critic.sequence_parallel_size" if k > 1 else "cluster.critic.num_actors"
     if batch % mini:
         errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
                       f"critic.mini_batch_size ({mini})")
-    if mini % (critics * (1 if critic.max_tokens_per_micro_batch else micro)):
-        errors.append(f"critic.mini_batch_size ({mini}) must be divisible by cluster.critic.num_actors "
-                      f"({critics})" + ("" if critic.max_tokens_per_micro_batch else
-                                        f" x critic.micro_batch_size ({micro})"))
+    if mini % (shards * (1 if critic.max_tokens_per_micro_batch else micro)):
+        errors.append(f"critic.mini_batch_size ({mini}) must be divisible by {named} ({shards})"
+                      + ("" if critic.max_tokens_per_micro_batch else f" x critic.micro_batch_size ({micro})"))
     if cluster.backend == "local" and critics > 1:
         errors.append(f"cluster.backend 'local' runs one critic in the driver's process; "
                       f"cluster.critic.num_actors is {critics}")
@@ -102,4 +104,44 @@ def lora_problems(learner: LearnerConfig, reference: ReferenceConfig, cluster: C
     if cluster.weight_sync == "nccl":
         errors.append("learner.lora with cluster.weight_sync 'nccl': a push sends only the adapters (megabytes), "
                       "through the object store; set cluster.weight_sync 'auto' or 'object_store'")
+    return errors
+
+
+def sequence_parallel_problems(learner: LearnerConfig, critic: CriticConfig | None,
+                               cluster: ClusterConfig) -> list[str]:
+    """`learner.sequence_parallel_size` k (and the critic's): the learners form groups of k (a data-parallel x
+    sequence-parallel grid), which needs their process group (Ray actors) and a learner count that k divides. (The
+    heads k must divide are the model's: `distrl.preflight.model` checks them.)"""
+    roles = [("learner", learner, cluster.learner.num_actors)]
+    if critic is not None:
+        roles.append(("critic", critic, cluster.critic.num_actors))
+    errors = []
+    for role, section, actors in roles:
+        k = section.sequence_parallel_size
+        if actors % k:
+            errors.append(f"cluster.{role}.num_actors ({actors}) must be a multiple of {role}.sequence_parallel_size "
+                          f"({k}): the {role}s form data-parallel groups of {k} that share each micro-batch")
+        if k > 1 and cluster.backend == "local":
+            errors.append(f"{role}.sequence_parallel_size {k} splits each micro-batch over the {role}s' process "
+                          f"group, which cluster.backend 'local' does not have; use cluster.backend 'ray'")
+    return errors
+
+
+def learner_batch_problems(learner: LearnerConfig, cluster: ClusterConfig, batch: int, mini: int) -> list[str]:
+    """The learners' batch arithmetic: `batch` sequences a step in optimizer steps of `mini`, each split evenly over
+    the data-parallel groups (`cluster.learner.num_actors / learner.sequence_parallel_size`), in micro-batches of
+    `learner.micro_batch_size` unless a token budget forms them."""
+    learners, micro, k = cluster.learner.num_actors, learner.micro_batch_size, learner.sequence_parallel_size
+    shards = max(learners // k, 1)  # data-parallel groups: the k learners of one share its rows
+    named = "cluster.learner.num_actors / learner.sequence_parallel_size" if k > 1 else "cluster.learner.num_actors"
+    errors = []
+    if batch % mini:
+        errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
+                      f"learner.mini_batch_size ({mini})")
+    if learner.max_tokens_per_micro_batch is not None:
+        if mini % shards:  # micro-batches come from the token budget: only the shards must be equal
+            errors.append(f"learner.mini_batch_size ({mini}) must be divisible by {named} ({shards})")
+    elif mini % (shards * micro):
+        errors.append(f"learner.mini_batch_size ({mini}) must be divisible by {named} ({shards}) x "
+                      f"learner.micro_batch_size ({micro})")
     return errors

@@ -136,9 +136,10 @@ class LearnerConfig(Section):
     go into as few micro-batches of at most this many tokens as first-fit decreasing finds, balanced longest first
     (a longer sequence goes alone). The loss stays exactly the full mini-batch's (global normalisation), whatever
     the partition. `auto`: the most tokens whose activations fit in the GPU's free memory beside the weights,
-    gradients and AdamW state, from the model's shape (`distrl.workers.training.token_budget`; 8192 on the CPU). Null:
-    fixed micro-batches of `micro_batch_size` sequences. Left out with `micro_batch_size` left out too, it is `auto`
-    when the role has GPUs."""
+    gradients and AdamW state, from the model's shape (`distrl.workers.training.token_budget`; 8192 on the CPU), k
+    times that with `sequence_parallel_size` k (each learner then holds 1/k of a micro-batch's tokens; a number set
+    here counts the whole micro-batch's). Null: fixed micro-batches of `micro_batch_size` sequences. Left out with
+    `micro_batch_size` left out too, it is `auto` when the role has GPUs."""
     kernels: Kernels = "plain"
     """Kernels for the model's elementwise work (`distrl.workers.training.kernels`): `plain` (transformers' modules),
     `liger` (liger-kernel's fused RMSNorm, rotary embedding and SwiGLU; the `kernels` extra) or `compile`
@@ -146,6 +147,14 @@ class LearnerConfig(Section):
     has GPUs."""
     max_consecutive_nonfinite: int = Field(default=3, gt=0)
     """Optimizer steps with a non-finite loss or grad norm are skipped; this many in a row stop the run."""
+    sequence_parallel_size: int = Field(default=1, gt=0)
+    """Learners that share each micro-batch (Ulysses sequence parallelism, `distrl.workers.training.ulysses`): the
+    packed row's tokens are split into this many slices, one per learner, and each layer's attention exchanges heads
+    for tokens (an all-to-all) so that every learner attends over the whole sequences for 1/k of the heads. The
+    learners form a data-parallel x sequence-parallel grid: the batch is split over `num_actors / k` data-parallel
+    groups, and the k learners of a group see the same micro-batches. Activations per learner fall about k-fold; the
+    model's attention and key/value head counts and the learner count (`cluster.learner.num_actors`; the critic's:
+    `cluster.critic.num_actors`) must be multiples of it."""
     lora: LoraConfig | None = None
     """Train low-rank adapters instead of the whole model (`LoraConfig`); null: full fine-tuning."""
 

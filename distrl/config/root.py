@@ -11,7 +11,14 @@ from pydantic import Field, model_validator
 
 from distrl.config.algorithm import GROUP_ESTIMATORS, AlgorithmConfig
 from distrl.config.base import Section
-from distrl.config.checks import critic_problems, hybrid_problems, lora_problems, tensor_parallel_problems
+from distrl.config.checks import (
+    critic_problems,
+    hybrid_problems,
+    learner_batch_problems,
+    lora_problems,
+    sequence_parallel_problems,
+    tensor_parallel_problems,
+)
 from distrl.config.cluster import ClusterConfig
 from distrl.config.env import EnvConfig
 from distrl.config.eval import EvalConfig
@@ -205,18 +212,8 @@ class Config(Section):
         errors += lora_problems(self.learner, self.reference, self.cluster, self.needs_ref_logprobs)
         errors += kernel_problems(self.cluster, self.learner, self.critic,
                                   self.reference if self.needs_reference else None)
-        batch, mini = self.global_batch_size, self.mini_batch_size
-        learners, micro = self.cluster.learner.num_actors, self.learner.micro_batch_size
-        if batch % mini:
-            errors.append(f"rollout.prompts_per_step x rollout.n_samples_per_prompt ({batch}) must be divisible by "
-                          f"learner.mini_batch_size ({mini})")
-        if self.learner.max_tokens_per_micro_batch is not None:
-            if mini % learners:  # micro-batches come from the token budget: only the shards must be equal
-                errors.append(f"learner.mini_batch_size ({mini}) must be divisible by cluster.learner.num_actors "
-                              f"({learners})")
-        elif mini % (learners * micro):
-            errors.append(f"learner.mini_batch_size ({mini}) must be divisible by cluster.learner.num_actors "
-                          f"({learners}) x learner.micro_batch_size ({micro})")
+        errors += sequence_parallel_problems(self.learner, self.critic, self.cluster)
+        errors += learner_batch_problems(self.learner, self.cluster, self.global_batch_size, self.mini_batch_size)
         if self.algorithm.old_logprobs == "rollout" and self.loss.correction is not None:
             errors.append("loss.correction needs algorithm.old_logprobs 'recompute': with 'rollout' the old and "
                           "rollout log-probs are the same and every weight would be 1")

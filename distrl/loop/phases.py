@@ -69,6 +69,33 @@ class Job:
 
 
 
+def data_groups(job: Job, role: str = "learner") -> int:
+    """The data-parallel groups of `role` ("learner" or "critic"): with its `sequence_parallel_size` k, each k
+    actors share every micro-batch of one part of the batch."""
+    group = job.roles.learner if role == "learner" else job.roles.critic
+    assert group is not None
+    return len(group) // sequence_parallel(job, role)
+
+
+def sequence_parallel(job: Job, role: str) -> int:
+    """k of `role`: `learner.sequence_parallel_size` or `critic.sequence_parallel_size`."""
+    section = job.cfg.learner if role == "learner" else job.cfg.critic
+    assert section is not None
+    return section.sequence_parallel_size
+
+
+def to_learners(job: Job, parts: list[Any], role: str = "learner") -> list[Any]:
+    """Each data-parallel group's part, once for each of its actors (in rank order: a group is k consecutive
+    ranks, `distrl.workers.training.dist`)."""
+    return [part for part in parts for _ in range(sequence_parallel(job, role))]
+
+
+def one_per_group(job: Job, answers: list[Any], role: str = "learner") -> list[Any]:
+    """The answer of the first actor of each data-parallel group: its k actors answer the same (counted k times, a
+    group's tokens and loss would weigh k-fold)."""
+    return answers[::sequence_parallel(job, role)]
+
+
 def start_reference(job: Job, sequences: Sequences) -> list[Any] | None:
     """Reference log-probs, row shards spread evenly: on the reference actors, or with `learner.lora` on the
     learners, whose base model with the adapters disabled is the reference (None without a KL term)."""
@@ -76,8 +103,8 @@ def start_reference(job: Job, sequences: Sequences) -> list[Any] | None:
         return None
     if job.roles.reference is None:  # learner.lora
         job.learner_clock.start()
-        shards = sequences.split(min(len(job.roles.learner), sequences.batch_size))
-        return job.roles.learner.map_shards(Learner.ref_logprobs, shards)
+        shards = sequences.split(min(data_groups(job), sequences.batch_size))
+        return job.roles.learner.map_shards(Learner.ref_logprobs, to_learners(job, shards))
     job.reference_clock.start()
     shards = sequences.split(min(len(job.roles.reference), sequences.batch_size))
     return job.roles.reference.map_shards(ReferenceWorker.logprobs, shards)
@@ -90,8 +117,8 @@ def start_old_logprobs(job: Job, sequences: Sequences) -> list[Any] | None:
     if job.cfg.algorithm.old_logprobs == "rollout" or job.cfg.old_logprobs_in_update:
         return None
     job.learner_clock.start()
-    shards = sequences.split(min(len(job.roles.learner), sequences.batch_size))
-    return job.roles.learner.map_shards(Learner.logprobs, shards)
+    shards = sequences.split(min(data_groups(job), sequences.batch_size))
+    return job.roles.learner.map_shards(Learner.logprobs, to_learners(job, shards))
 
 
 def start_values(job: Job, sequences: Sequences) -> list[Any] | None:
@@ -99,8 +126,8 @@ def start_values(job: Job, sequences: Sequences) -> list[Any] | None:
     critic)."""
     if job.roles.critic is None:
         return None
-    shards = sequences.split(min(len(job.roles.critic), sequences.batch_size))
-    return job.roles.critic.map_shards(Critic.values, shards)
+    shards = sequences.split(min(data_groups(job, "critic"), sequences.batch_size))
+    return job.roles.critic.map_shards(Critic.values, to_learners(job, shards, "critic"))
 
 
 def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: list[Any] | None,
@@ -114,7 +141,8 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
     with job.timer("reference"):
         if ref:
             answering = job.roles.reference or job.roles.learner  # learner.lora: the learners' base model
-            ref_logprobs = torch.cat(job.producer.wait_for(ref, calls(answering, "reference log-probs", ref)))
+            parts = job.producer.wait_for(ref, calls(answering, "reference log-probs", ref))
+            ref_logprobs = torch.cat(parts if job.roles.reference is not None else one_per_group(job, parts))
             if job.roles.reference is not None:
                 job.reference_clock.stop()
             elif not old:  # else the learners go on with the old log-probs, waited for next
@@ -124,13 +152,14 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
         if old:
             old_parts = job.producer.wait_for(old, calls(job.roles.learner, "old log-probs", old))
             job.learner_clock.stop()
-            old_logprobs = torch.cat(old_parts)
+            old_logprobs = torch.cat(one_per_group(job, old_parts))
         elif cfg.algorithm.old_logprobs == "rollout":
             old_logprobs = sequences.rollout_logprobs
     old_values: torch.Tensor | None = None
     if values:
         with job.timer("values"):
-            old_values = torch.cat(job.producer.wait_for(values, calls(job.roles.critic, "values", values)))
+            old_values = torch.cat(one_per_group(job, job.producer.wait_for(values, calls(job.roles.critic, "values",
+                                                                                          values)), "critic"))
     returns: torch.Tensor | None = None
     with job.timer("advantages"):
         rewards = torch.tensor(scored.rewards)
@@ -168,7 +197,7 @@ def correction_by_staleness(job: Job, sequences: Sequences, old_logprobs: torch.
 
 @dataclass
 class Updating:
-    """The update calls of one step: the learners', the rows of the batch each learner was given
+    """The update calls of one step: the learners', the rows of the batch each learner (data-parallel group) was given
     (`TrainBatch.shard_rows`), and the critics' calls running beside them (None without a critic)."""
 
     learner: list[Any]
@@ -180,15 +209,16 @@ def start_update(job: Job, batch: TrainBatch) -> Updating:
     """One update on every learner, each on its part of every mini-batch; with a critic, its update on the same
     batch at the same time. The config's number of mini-batches holds whatever the batch's row count (episodes of
     several sequences make it vary): `TrainBatch.shard` cuts the rows into that many near-equal ones, and deals each
-    one's rows to the learners by their tokens, longest first (balanced)."""
+    one's rows to the learners by their tokens, longest first (balanced); with sequence parallelism, to the
+    data-parallel groups, each group's learners getting the same part (`to_learners`)."""
     job.learner_clock.start()
-    learners, mini_batches = len(job.roles.learner), job.cfg.mini_batches
-    rows = batch.shard_rows(learners, mini_batches)  # kept: the learners' per-row results come back in this order
-    learner = job.roles.learner.map_shards(Learner.update, batch.shard(learners, mini_batches, rows))
+    groups, mini_batches = data_groups(job), job.cfg.mini_batches
+    rows = batch.shard_rows(groups, mini_batches)  # kept: the groups' per-row results come back in this order
+    learner = job.roles.learner.map_shards(Learner.update, to_learners(job, batch.shard(groups, mini_batches, rows)))
     critic = None
     if job.roles.critic is not None:
-        parts = batch.shard(len(job.roles.critic), job.cfg.critic_mini_batches)
-        critic = job.roles.critic.map_shards(Critic.update, parts)
+        parts = batch.shard(data_groups(job, "critic"), job.cfg.critic_mini_batches)
+        critic = job.roles.critic.map_shards(Critic.update, to_learners(job, parts, "critic"))
     return Updating(learner, rows, critic)
 
 
@@ -196,18 +226,20 @@ def finish_update(job: Job, handles: Updating, batch: TrainBatch, step: int) -> 
     """Wait for the update of `step` on `batch` (the engines keep generating meanwhile); metrics merged over
     learners (and critics), and the correction by staleness where the update took the old log-probs from its own
     forward pass."""
-    results = job.producer.wait_for(handles.learner, calls(job.roles.learner, "update", handles.learner))
+    results = one_per_group(job, job.producer.wait_for(handles.learner, calls(job.roles.learner, "update",
+                                                                               handles.learner)))
     job.learner_clock.stop()
     figs = merging.merge(results, [r["learner/tokens"].value for r in results])
     if handles.critic:
-        critics = job.producer.wait_for(handles.critic, calls(job.roles.critic, "update", handles.critic))
+        critics = one_per_group(job, job.producer.wait_for(handles.critic, calls(job.roles.critic, "update",
+                                                                                 handles.critic)), "critic")
         figs.update(merging.merge(critics, [r["critic/tokens"].value for r in critics]))
     metrics = merging.values(figs)
     if batch.old_logprobs is None:
         # Learner k's proximal log-probs are of its shard's rows, which the shard dealt by length (TrainBatch.shard).
-        old = in_row_order(job.roles.backend.answer(job.roles.learner.map(Learner.proximal_logprobs),
-                                                    "the learners' proximal log-probs", job.cfg.cluster.call_timeout_s),
-                           handles.learner_rows)
+        old = in_row_order(one_per_group(job, job.roles.backend.answer(
+            job.roles.learner.map(Learner.proximal_logprobs), "the learners' proximal log-probs",
+            job.cfg.cluster.call_timeout_s)), handles.learner_rows)
         metrics.update(correction_by_staleness(job, batch.sequences, old, step))
     return metrics
 

@@ -38,10 +38,16 @@ def check_model(cfg: Config, problems: list[str]):
                 _context(cfg, limit, key, problems)
             problems += tensor_parallel_problems(hf_config, m.path, cfg.rollout.tensor_parallel_size,
                                                  cfg.rollout.expert_parallel)
+            problems += sequence_parallel_problems(hf_config, m.path, cfg.learner.sequence_parallel_size)
+            if cfg.critic is not None and not cfg.critic.path:  # the value model is the policy's backbone
+                problems += sequence_parallel_problems(hf_config, m.path, cfg.critic.sequence_parallel_size, "critic")
     if cfg.needs_reference and cfg.reference.path:
         _hf_config(cfg.reference.path, "reference.path", m.trust_remote_code, problems)
     if cfg.critic is not None and cfg.critic.path:
-        _hf_config(cfg.critic.path, "critic.path", m.trust_remote_code, problems)
+        critic_config = _hf_config(cfg.critic.path, "critic.path", m.trust_remote_code, problems)
+        if critic_config is not None:
+            problems += sequence_parallel_problems(critic_config, cfg.critic.path, cfg.critic.sequence_parallel_size,
+                                                   "critic")
     return tokenizer
 
 
@@ -71,6 +77,21 @@ def tensor_parallel_problems(hf_config, path: str, k: int, expert_parallel: bool
                             f"every MLP{'' if key == 'intermediate_size' else ' expert'}"
                             + ("" if key == "intermediate_size" else " (or set rollout.expert_parallel: true)"))
     return problems
+
+
+def sequence_parallel_problems(hf_config, path: str, k: int, role: str = "learner") -> list[str]:
+    """What learners (or critics: `role`) sharing each micro-batch k ways cannot split
+    (`distrl.workers.training.ulysses`): each attends with 1/k of the query heads and of the key/value heads, so k
+    must divide both."""
+    if k == 1:
+        return []
+    text = getattr(hf_config, "text_config", None) or hf_config  # a multimodal model's language model
+    heads = getattr(text, "num_attention_heads", None)
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    return [f"{role}.sequence_parallel_size ({k}) must divide the {count} {kind} heads of {path}: each {role} of a "
+            f"sequence-parallel group attends with 1/{k} of them" for kind, count in (("attention", heads),
+                                                                                   ("key/value", kv))
+            if count and count % k]
 
 
 def _hf_config(path: str, field: str, trust_remote_code: bool, problems: list[str]):

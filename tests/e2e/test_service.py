@@ -211,7 +211,7 @@ class TestTwoRolloutActorsTwoLearners:
 # to end: KL in the reward (old-policy vs reference log-probs) with whitened Dr. GRPO advantages; bypass mode (vLLM's
 # log-probs as the old policy) with two mini-batches per step; GSPO with ICEPop on a bf16 engine (a real
 # rollout/trainer mismatch) with FSDP-sharded learners forming micro-batches by a token budget; a stop string (vLLM
-# then detokenizes while sampling).
+# then detokenizes while sampling); two FSDP learners sharing every micro-batch (sequence parallelism).
 TOPOLOGIES = {
     "2x1-kl_in_reward": (2, 1, ["loss.kl.target=reward", "loss.kl.estimator=k1", "algorithm.advantage=dr_grpo",
                                 "algorithm.whitening=true", "learner.warmup_steps=0",
@@ -221,6 +221,7 @@ TOPOLOGIES = {
     "2x2-gspo-icepop-fsdp": (2, 2, ["loss.policy=gspo", "loss.correction.mode=icepop", "loss.correction.low=0.5",
                                     "rollout.dtype=bfloat16", "learner.strategy=fsdp",
                                     "learner.max_tokens_per_micro_batch=48"]),
+    "1x2-sequence_parallel-fsdp": (1, 2, ["learner.strategy=fsdp", "learner.sequence_parallel_size=2"]),
 }
 
 
@@ -246,6 +247,9 @@ def check_topology(cfg: Config, history: list[dict], tmp_path: Path) -> None:
     assert all(h["learner/optimizer_steps"] >= 1 for h in history)
     # Also where the learners took the old log-probs from the update itself (2x2: one optimizer step per step).
     assert all("correction/mismatch_kl/staleness_0" in h for h in history)
+    # Each response token counted once, however many learners held it (sequence-parallel learners share theirs).
+    for h in history:
+        assert h["learner/tokens"] == pytest.approx(h["response_length/mean"] * cfg.global_batch_size)
     run_dir = tmp_path / cfg.run.name
     assert (run_dir / "metrics.jsonl").read_text().count("\n") == 2
     assert (run_dir / "checkpoints" / "step_000002" / "policy" / "model" / "config.json").exists()

@@ -79,11 +79,14 @@ def response_values(model: torch.nn.Module, batch: Sequences, layout: Layout | N
     """Values of the response tokens `[B, T]` float32, 0 on padding: V_t is read at the position before response
     token t (where the policy's logits for token t are), the state before it is emitted. One packed forward pass,
     as `distrl.workers.training.model.response_logprobs` (no padding reaches the model; `layout` made on the host, else
-    here from `batch`); zero rows give `[0, T]`, still connected to the graph."""
+    here from `batch`); zero rows give `[0, T]`, still connected to the graph. A split layout (sequence parallelism)
+    runs this critic's slice and gathers the group's values (`Layout.gather`)."""
     if layout is None:
         layout = host_layout(batch).to(batch.input_ids.device)
     values = model(**packed_inputs(model, layout)).logits[0, :, 0]
-    return layout.unpack(values[layout.predicts].float())
+    gathered = layout.gather(values[layout.predicts].float())
+    assert gathered is not None
+    return layout.unpack(gathered)
 
 
 class Critic:
@@ -109,7 +112,8 @@ class Critic:
                 timeout_s: float = dist.default_pg_timeout.total_seconds()) -> str:
         """Join the critics' own process group (and build a sharded value model over it); returns the backend (gloo
         on CPU, NCCL on GPU). `timeout_s` bounds each of its collectives (`dist.init_process_group`)."""
-        backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device, timeout_s)
+        backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device, timeout_s,
+                                          self.cfg.sequence_parallel_size)
         atexit.register(self.close)  # a graceful exit leaves the group first (`Learner.connect`)
         if self.strategy.sharded:
             self._build(load_sharded_value_model(self.model_cfg, self.cfg.path, self.device, self.seed, self.cfg))
@@ -135,7 +139,7 @@ class Critic:
         self.model.eval()
         try:
             return score_rows(lambda micro, layout: response_values(self.model, micro, layout), seqs,
-                              self.trainer.micro_batches(seqs), self.device)
+                              self.trainer.micro_batches(seqs), self.device, dist.sequence_split())
         finally:
             self.model.train()
 

@@ -3,6 +3,13 @@
 Gradients are SUMMED across learners, not averaged: every learner divides its partial loss by the *global*
 token/sequence count (`distrl.algo` normalizers), so the sum over learners and micro-batches is exactly the
 full-batch loss and its gradient.
+
+With sequence parallelism (`learner.sequence_parallel_size` k) the M learners form a grid of M / k data-parallel
+groups of k consecutive ranks (learner r is in group r // k, at place r % k): the k learners of a group share each
+micro-batch (`distrl.workers.training.ulysses`), and hold its rows once between them. Counts of rows and tokens, and
+figures summed over learners, are therefore summed over one learner per group (`data_group`: the learners at the
+same place of every group), never over all M, which would count each token k times; gradients are still summed over
+all M (each learner's is the gradient through its own slice of the tokens).
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
+from distrl.workers.training.ulysses import SequenceSplit
+
 
 def init_process_group(master_addr: str, master_port: int, rank: int, world_size: int, device: str,
-                       timeout_s: float = default_pg_timeout.total_seconds()) -> str:
+                       timeout_s: float = default_pg_timeout.total_seconds(), sequence_parallel: int = 1) -> str:
     """Join the learners' group (gloo for learners on the CPU, NCCL on the GPU), rendezvous at rank 0's store on
     `master_addr:master_port`; returns the backend.
 
@@ -33,7 +42,12 @@ def init_process_group(master_addr: str, master_port: int, rank: int, world_size
 
     On the GPU the process's device is set and named (`device_id`) before the group forms: Ray makes the one GPU
     granted to the actor its device 0, so the NCCL communicator is made at once, for that device (connection
-    problems surface here, not at the first collective), and the device mesh need not guess it."""
+    problems surface here, not at the first collective), and the device mesh need not guess it.
+
+    `sequence_parallel` k > 1 also makes the grid's groups (`make_grid`)."""
+    if world_size % sequence_parallel:
+        raise ValueError(f"sequence_parallel_size ({sequence_parallel}) must divide the group's {world_size} ranks "
+                         f"(learner.sequence_parallel_size and cluster.learner.num_actors, or the critic's)")
     backend = "nccl" if device == "cuda" else "gloo"
     timeout = timedelta(seconds=timeout_s)
     store = rendezvous_store(master_addr, master_port, rank, world_size, timeout)
@@ -41,10 +55,63 @@ def init_process_group(master_addr: str, master_port: int, rank: int, world_size
         torch.cuda.set_device(0)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=torch.device("cuda", 0))
+        make_grid(sequence_parallel)
         return backend
     with gloo_bound_to(master_addr):
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        make_grid(sequence_parallel)
     return backend
+
+
+_grid: dict[str, object] = {}
+"""The data-parallel x sequence-parallel grid of the learners' group (`make_grid`): "size" k, "sequence" (this
+learner's group of k) and "data" (the learners at its place in every group); empty without sequence parallelism."""
+
+
+def make_grid(size: int) -> None:
+    """Form the grid of groups of `size` consecutive ranks (module docstring); every rank calls it, after joining
+    the default group (it makes every subgroup, in the same order everywhere, as `new_group` requires)."""
+    _grid.clear()
+    if size == 1:
+        return
+    world, me = dist.get_world_size(), dist.get_rank()
+    for first in range(0, world, size):
+        group = dist.new_group(list(range(first, first + size)))
+        if first <= me < first + size:
+            _grid["sequence"] = group
+    for place in range(size):
+        group = dist.new_group(list(range(place, world, size)))
+        if place == me % size:
+            _grid["data"] = group
+    _grid["size"] = size
+
+
+def sequence_parallel_size() -> int:
+    """k: the learners that share each micro-batch (1 without sequence parallelism)."""
+    size = _grid.get("size", 1)
+    assert isinstance(size, int)
+    return size
+
+
+def sequence_group() -> dist.ProcessGroup | None:
+    """This learner's group of k, which splits its micro-batches (None without sequence parallelism)."""
+    return _grid.get("sequence")  # type: ignore[return-value]  # set by make_grid
+
+
+def data_group() -> dist.ProcessGroup | None:
+    """The learners at this learner's place in every group: one per data-parallel group (None: every learner)."""
+    return _grid.get("data")  # type: ignore[return-value]  # set by make_grid
+
+
+def sequence_split() -> SequenceSplit | None:
+    """This learner's place in its group of k (`ulysses.SequenceSplit`), None without sequence parallelism."""
+    size = sequence_parallel_size()
+    return SequenceSplit(sequence_group(), size, rank() % size) if size > 1 else None
+
+
+def data_parallel_size() -> int:
+    """Data-parallel groups: the ways the batch's rows are split."""
+    return world_size() // sequence_parallel_size()
 
 
 @contextlib.contextmanager
@@ -107,6 +174,7 @@ def leave_process_group() -> None:
     """
     if dist.is_initialized():
         dist.destroy_process_group()
+    _grid.clear()
     gc.collect()  # models and optimizers are reference cycles: the group goes with the last of them
 
 
@@ -126,10 +194,11 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def all_reduce_(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
-    """In-place all-reduce; a no-op with one learner."""
+def all_reduce_(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+                group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """In-place all-reduce over `group` (default: every learner); a no-op with one learner."""
     if world_size() > 1:
-        dist.all_reduce(tensor, op=op)
+        dist.all_reduce(tensor, op=op, group=group)
     return tensor
 
 

@@ -66,7 +66,8 @@ class Learner:
                 timeout_s: float = dist.default_pg_timeout.total_seconds()) -> str:
         """Join the learners' process group (and build a sharded model over it); returns the backend (gloo on CPU,
         NCCL on GPU). `timeout_s` bounds each of its collectives (`dist.init_process_group`)."""
-        backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device, timeout_s)
+        backend = dist.init_process_group(master_addr, master_port, rank, world_size, self.device, timeout_s,
+                                          self.cfg.sequence_parallel_size)
         atexit.register(self.close)  # a graceful exit (SIGTERM in a Ray actor, the end of a process) leaves first
         if self.strategy.sharded:
             self._build()
@@ -105,7 +106,7 @@ class Learner:
         self.model.eval()
         try:
             return score_rows(lambda micro, layout: response_logprobs(self.model, micro, t, layout=layout)[0],
-                              seqs, self.trainer.micro_batches(seqs), self.device)
+                              seqs, self.trainer.micro_batches(seqs), self.device, dist.sequence_split())
         finally:
             self.model.train()
 

@@ -24,6 +24,7 @@ from distrl.workers.model_files import DTYPES, resolve_model_path
 from distrl.workers.training import packed_attention
 from distrl.workers.training.packed_attention import PACKED_ATTENTION
 from distrl.workers.training.packing import Layout, host_layout
+from distrl.workers.training.ulysses import SequenceSplit
 
 
 def load_causal_lm(cfg: ModelConfig, dtype: str, path: str | None = None, device: str | torch.device = "cpu"):
@@ -104,7 +105,8 @@ def response_logprobs(model, batch: Sequences, temperature: float, with_entropy:
 def _head_outputs(model, layout: Layout, temperature: float, with_entropy: bool):
     """(log-probs `[K]`, entropies `[K]` or None) of `layout`'s response tokens under `model`: the decoder's K kept
     hidden states go through `linear_logprobs` in place of the LM head's forward (for this call only); a model
-    that transforms its logits after the head (soft-capping, scaling) takes the plain head and `token_logprobs`."""
+    that transforms its logits after the head (soft-capping, scaling) takes the plain head and `token_logprobs`.
+    A split layout (sequence parallelism) runs this learner's slice and gathers the group's `[K]` (`Layout.gather`)."""
     from distrl.algo import entropy_from_logits, linear_logprobs, token_logprobs
 
     kwargs = packed_inputs(model, layout)
@@ -112,8 +114,8 @@ def _head_outputs(model, layout: Layout, temperature: float, with_entropy: bool)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None or not hasattr(model, "get_decoder") or logit_transforms(model.config):
         logits = model(**kwargs).logits.flatten(0, 1)[keep]
-        return (token_logprobs(logits, targets, temperature=temperature),
-                entropy_from_logits(logits, temperature=temperature) if with_entropy else None)
+        return (layout.gather(token_logprobs(logits, targets, temperature=temperature)),
+                layout.gather(entropy_from_logits(logits, temperature=temperature) if with_entropy else None))
     outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
 
     def kept_hidden_states(module, args, output):
@@ -137,7 +139,8 @@ def _head_outputs(model, layout: Layout, temperature: float, with_entropy: bool)
             del head.forward
         else:
             head.forward = own
-    return outputs[0]
+    logprobs, entropy = outputs[0]
+    return layout.gather(logprobs), layout.gather(entropy)
 
 
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -151,19 +154,21 @@ def logit_transforms(config) -> list[str]:
 
 @torch.no_grad()
 def score_rows(score: Callable[[Sequences, Layout], torch.Tensor], batch: Sequences, groups: list[list[int]],
-               device: str | torch.device) -> torch.Tensor:
+               device: str | torch.device, split: SequenceSplit | None = None) -> torch.Tensor:
     """A figure of every response token, `score(micro, layout) -> [b, T]`, computed over the micro-batches `groups`
     (row-index groups of `batch`, `distrl.micro_batches`; an empty group still makes its forward pass, a
     collective when sharded) on `device`: `[B, T]` float32 on CPU, 0 on padding, rows in the batch's order.
     `batch` stays on the host (a device batch is brought back once): each micro-batch `micro` is selected there and
     its packed `layout` made there and moved to the device without a wait; the figures come back in one copy at the
-    end."""
+    end. With `split` (sequence parallelism) each layout is this learner's slice (`Layout.split`), and the figures
+    the whole micro-batch's, gathered over the group."""
     batch = on_host(batch)
     out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=device)
     for rows in groups:
         index = torch.tensor(rows, dtype=torch.long)
         micro = batch.select(index)
-        out[to_device(index, device)] = score(micro, host_layout(micro).to(device)).float()
+        layout = host_layout(micro)
+        out[to_device(index, device)] = score(micro, (layout.split(split) if split else layout).to(device)).float()
     return out.cpu().masked_fill(batch.response_mask == 0, 0.0)
 
 

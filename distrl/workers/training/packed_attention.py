@@ -20,6 +20,10 @@ Two paths compute the same attention (`attention_path` picks one per call):
             sequence: on the quickstart's tiny model a call per sequence made the update 1.2x slower than padded
             batches (bench/bench_learner_step.py).
 
+With sequence parallelism (`learner.sequence_parallel_size`), each learner's forward pass holds a slice of the
+packed row, and its pack says so (`Pack.split`): the call exchanges heads for tokens with the other learners of its
+group around the attention (`distrl.workers.training.ulysses`), which then runs over the whole row as above.
+
 Calls with a padding mask (`attention_mask` given) are plain sdpa, so a model loaded with this implementation still
 runs padded batches exactly as before (`padded_response_logprobs`, the packing tests' reference).
 """
@@ -39,6 +43,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 from distrl.workers.device import to_device
+from distrl.workers.training import ulysses
+from distrl.workers.training.ulysses import SequenceSplit
 
 try:  # FlashAttention varlen through torch itself (no flash-attn package); absent from older torch releases
     from torch.nn.attention.varlen import varlen_attn
@@ -88,11 +94,13 @@ class Pack:
     """Where the sequences of a packed batch `[B, N]` are: `bounds[b]`, the `[start, end)` of each sequence of row
     b, and the same as FlashAttention's varlen layout over the B * N tokens flattened row after row: `cu_seqlens
     [S + 1]` int32 (the start of each of the S sequences, then B * N) on the device of the positions, and `longest`,
-    the length of the longest."""
+    the length of the longest. `split`: the forward pass holds only this learner's slice of the row's tokens
+    (sequence parallelism, `distrl.workers.training.ulysses`); the bounds are the whole row's."""
 
     bounds: list[list[tuple[int, int]]]
     cu_seqlens: torch.Tensor
     longest: int
+    split: SequenceSplit | None = None
     _stacks: dict[int, Stacks] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -172,7 +180,8 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
                      attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
     """Attention of `query [B, H, N, D]` over `key`, `value [B, H_kv, N, D]`, returning `[B, N, H, D]` as
     transformers' sdpa does: per sequence (from `position_ids`, causal within each) when no mask is given, by the
-    path `attention_path` picks; else sdpa with the mask."""
+    path `attention_path` picks; else sdpa with the mask. A split pack (sequence parallelism) gives this learner's
+    slice of the tokens, N / k of them: heads are exchanged for tokens around the attention (`ulysses`)."""
     position_ids = kwargs.pop("position_ids", None)
     if attention_mask is PACKED_ROWS:
         attention_mask = None
@@ -183,11 +192,22 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if window is not None and pack.longest > window:  # within the window, causal attention is the same thing
         raise ValueError(f"{PACKED_ATTENTION} attention has no sliding window: a sequence of {pack.longest} tokens "
                          f"is longer than the model's sliding_window ({window})")
+    split = pack.split
+    if split is None:
+        return _attend(module, query, key, value, pack, **kwargs), None
+    query, key, value = (ulysses.heads_to_tokens(x, split) for x in (query, key, value))
+    return ulysses.tokens_to_heads(_attend(module, query, key, value, pack, **kwargs), split), None
+
+
+def _attend(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pack: Pack,
+            **kwargs) -> torch.Tensor:
+    """Causal attention within each sequence of `pack` by the path `attention_path` picks (shapes as
+    `varlen_packed`)."""
     one_layout = len(pack.bounds) == query.shape[0]  # not one row of positions shared by many rows of queries
     path = attention_path(query.device.type, query.dtype, query.shape[-1], kwargs.get("dropout", 0.0))
     if one_layout and path == "varlen":
-        return varlen_packed(query, key, value, pack, kwargs.get("scaling")), None
-    return looped_packed(module, query, key, value, pack, **kwargs), None
+        return varlen_packed(query, key, value, pack, kwargs.get("scaling"))
+    return looped_packed(module, query, key, value, pack, **kwargs)
 
 
 def varlen_packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pack: Pack,

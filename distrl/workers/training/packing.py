@@ -18,7 +18,9 @@ import torch
 
 from distrl.types.batches import Sequences
 from distrl.workers.device import to_device
+from distrl.workers.training import ulysses
 from distrl.workers.training.packed_attention import Pack
+from distrl.workers.training.ulysses import SequenceSplit
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,9 @@ class Layout:
     response_index [K]  long  the same as indices into the B * T flattened layout
     pack         the sequences' bounds and `cu_seqlens` for the attention (`packed_attention.Pack`), whose
                  `cu_seqlens` is on the device of the other tensors
+    kept         split over a sequence-parallel group (`split`): how many of the K response tokens each learner's
+                 slice predicts, in the group's order (ids, position_ids, predicts and targets are then this
+                 learner's slice's: N / k tokens, K_r of them); None for the whole row
     """
 
     ids: torch.Tensor
@@ -42,13 +47,45 @@ class Layout:
     response: torch.Tensor
     response_index: torch.Tensor
     pack: Pack
+    kept: tuple[int, ...] | None = None
 
     def to(self, device: torch.device | str) -> Layout:
         """This layout on `device` (`to_device`: no wait on a GPU)."""
         moved = {name: to_device(getattr(self, name), device)
                  for name in ("ids", "position_ids", "predicts", "targets", "response", "response_index")}
-        pack = Pack(self.pack.bounds, to_device(self.pack.cu_seqlens, device), self.pack.longest)
-        return Layout(**moved, pack=pack)
+        pack = Pack(self.pack.bounds, to_device(self.pack.cu_seqlens, device), self.pack.longest, self.pack.split)
+        return Layout(**moved, pack=pack, kept=self.kept)
+
+    def split(self, split: SequenceSplit) -> Layout:
+        """This learner's slice of the whole row's layout (on the host) over its sequence-parallel group: the N
+        tokens padded to a multiple of k with a sequence of filler tokens (id 0, positions from 0: attention keeps it
+        apart, and it predicts nothing), then slice `split.rank` of the k equal ones; the pack stays the whole row's,
+        marked split (`ulysses`)."""
+        assert self.pack.split is None and self.kept is None, "a layout is split once"
+        n = self.ids.shape[1]
+        width = -(-n // split.size)
+        pad = width * split.size - n
+        ids = torch.cat([self.ids, self.ids.new_zeros(1, pad)], 1)
+        positions = torch.cat([self.position_ids, torch.arange(pad, dtype=self.position_ids.dtype)[None]], 1)
+        bounds = [self.pack.bounds[0] + ([(n, n + pad)] if pad else [])]
+        cu_seqlens = torch.cat([self.pack.cu_seqlens, torch.tensor([n + pad], dtype=torch.int32)]) if pad else \
+            self.pack.cu_seqlens
+        pack = Pack(bounds, cu_seqlens, max(self.pack.longest, pad), split)
+        slice_of = self.predicts // width  # which learner's slice predicts each response token
+        mine = slice_of == split.rank
+        first = split.rank * width
+        return Layout(ids=ids[:, first:first + width], position_ids=positions[:, first:first + width],
+                      predicts=self.predicts[mine] - first, targets=self.targets[mine], response=self.response,
+                      response_index=self.response_index, pack=pack,
+                      kept=tuple(torch.bincount(slice_of, minlength=split.size).tolist()))
+
+    def gather(self, values: torch.Tensor | None) -> torch.Tensor | None:
+        """Values `[K_r]` of this learner's slice's response tokens as `[K]`, every learner's of the group in order
+        (`ulysses.gather_kept`, differentiable); a whole row's `[K]` as they are."""
+        if values is None or self.kept is None:
+            return values
+        assert self.pack.split is not None
+        return ulysses.gather_kept(values, self.kept, self.pack.split)
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
         """`[K]` values of the response tokens into the padded layout `[B, T]`, 0 elsewhere (differentiable; an

@@ -14,8 +14,11 @@ The budget is what remains of the free memory after what training will still all
 AdamW's two moments, 12 bytes per trained parameter on this learner, and the compute-dtype casts of the weights, 2
 bytes per parameter), what other parts sharing the device will still allocate while this one computes (`reserved`:
 in a hybrid actor, the learner's AdamW moments while the reference scores) and a margin (`MARGIN_FRACTION` of the
-device and `MARGIN_BYTES`), divided by the bytes per token, capped at `MAX_TOKENS`. It is resolved once every part
-that shares the device is built (a hybrid actor resolves its learner's and reference's after its engine, asleep).
+device and `MARGIN_BYTES`), divided by the bytes per token, capped at `MAX_TOKENS`. With sequence parallelism
+(`learner.sequence_parallel_size` k) a micro-batch's tokens are split over k learners, each holding the activations
+of 1/k of them (`distrl.workers.training.ulysses`): the budget of a micro-batch is k times one learner's. It is
+resolved once every part that shares the device is built (a hybrid actor resolves its learner's and reference's
+after its engine, asleep).
 docs/learner-performance.md says how to choose a budget by hand.
 """
 
@@ -61,13 +64,14 @@ GRADIENT_BYTES, ADAMW_BYTES = 4, 8
 
 
 def auto_token_budget(model: torch.nn.Module, device: str, *, training: bool, checkpointing: bool = False,
-                      field: str = "learner.max_tokens_per_micro_batch", reserved: float = 0.0) -> int:
+                      field: str = "learner.max_tokens_per_micro_batch", reserved: float = 0.0,
+                      sequence_parallel: int = 1) -> int:
     """The `auto` budget of `model` on `device` (module docstring), called once the model and every other part
     sharing the device are built (their weights are then in the free memory) and before its first optimizer step;
     `reserved`: bytes the other parts will still allocate while this one computes; `field` names the setting in
-    errors."""
+    errors; `sequence_parallel`: the learners that share each micro-batch, each holding 1/k of its tokens."""
     if torch.device(device).type != "cuda":
-        return CPU_TOKENS
+        return CPU_TOKENS * sequence_parallel
     config = getattr(model, "get_base_model", lambda: model)().config
     free, total = torch.cuda.mem_get_info()
     params = sum(_local_numel(p) for p in model.parameters())
@@ -82,7 +86,7 @@ def auto_token_budget(model: torch.nn.Module, device: str, *, training: bool, ch
             f"compute-dtype weights will take {(allocated - reserved) / 2**30:.1f} GiB of it{others}, which leaves "
             f"room for fewer than {MIN_TOKENS} tokens of activations: shard the model (strategy: fsdp, with "
             f"cpu_offload), turn gradient_checkpointing on, or set {field} to a number")
-    return min(tokens, MAX_TOKENS)
+    return min(tokens, MAX_TOKENS) * sequence_parallel
 
 
 def trained_parameters(model: torch.nn.Module) -> int:

@@ -100,13 +100,14 @@ class Trainer:
         if self.cfg.max_tokens_per_micro_batch == "auto":
             self.token_budget = auto_token_budget(self.model, self.device, training=True,
                                                   checkpointing=self.cfg.gradient_checkpointing,
-                                                  field=f"{self.role}.max_tokens_per_micro_batch", reserved=reserved)
+                                                  field=f"{self.role}.max_tokens_per_micro_batch", reserved=reserved,
+                                                  sequence_parallel=self.cfg.sequence_parallel_size)
             say(f"{self.role}: max_tokens_per_micro_batch auto = {self.token_budget} tokens")
 
     @property
     def local_mini_batch_size(self) -> int:
         """Rows of one mini-batch on this learner."""
-        return self.global_mini_batch_size // dist.world_size()
+        return self.global_mini_batch_size // dist.data_parallel_size()
 
     # ------------------------------------------------------------------------------------------------ training
     def update(self, batch: TrainBatch, objective: Objective) -> Figures:
@@ -157,7 +158,8 @@ class Trainer:
         local = [(float(mask[rows].sum()), float((mask[rows].sum(-1) > 0).sum())) for rows in minis]
         passes = [len(g) for g in groups]
         if dist.world_size() > 1:
-            summed = dist.all_reduce_(to_device(torch.tensor(local, dtype=torch.float64), self.device))
+            summed = dist.all_reduce_(to_device(torch.tensor(local, dtype=torch.float64), self.device),
+                                      group=dist.data_group())  # each row once: not over a sequence group
             most = self.strategy.lockstep(to_device(torch.tensor(passes, dtype=torch.float64), self.device))
             read = torch.cat([summed.flatten(), most]).tolist()  # the wait
             local = [tuple(read[2 * j:2 * j + 2]) for j in range(len(minis))]
@@ -178,9 +180,11 @@ class Trainer:
         parts: list[Measured] = []
         part_tokens: list[float] = []
         nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
+        split = dist.sequence_split()
         for group in micro_rows:
             index = torch.from_numpy(rows[group]).long()  # empty for a micro-batch added for lockstep
-            layout = host_layout(batch.sequences.select(index)).to(self.device)
+            layout = host_layout(batch.sequences.select(index))
+            layout = (layout.split(split) if split else layout).to(self.device)
             loss, part = objective(self.model, _rows_on(batch, index, self.device), counts, layout)
             nonfinite |= ~torch.isfinite(loss.detach())
             loss.backward()
@@ -189,9 +193,10 @@ class Trainer:
         self.strategy.reduce_grads(self.params)
         keys = list(parts[0])
         sums = [key for key in keys if parts[0][key][1] is Merge.SUM]
-        # Summed over the group, a loss term is the step's own figure, the same on every learner.
+        # Summed over the group, a loss term is the step's own figure, the same on every learner; the learners of a
+        # sequence-parallel group each computed the same loss, so it is summed over one of them per data group.
         reduced = dist.all_reduce_(torch.stack([nonfinite.double(), *(torch.stack([p[k][0] for p in parts]).double()
-                                                                     .sum() for k in sums)]))
+                                                                     .sum() for k in sums)]), group=dist.data_group())
         grad_norm = self.strategy.clip(self.params, self.cfg.max_grad_norm)
         read = torch.cat([reduced, grad_norm.double().view(1),
                           *(torch.stack([p[k][0].double() for k in keys]) for p in parts)]).tolist()  # the wait
