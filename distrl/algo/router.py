@@ -1,5 +1,5 @@
 """What a mixture of experts' routers do with a batch's tokens: each layer's expert load and its violation of a
-uniform load, the routers' entropy, and the load-balancing loss.
+uniform load, the routers' entropy, the load-balancing loss, and the routing weights of replayed routes.
 
 Every function takes the router logits of L layers over the same N tokens, `[L, N, E]` (E experts), and the
 number of experts each token is routed to, `top_k` (the k largest logits: the k largest softmax probabilities).
@@ -47,3 +47,13 @@ def load_balancing_loss(router_logits: torch.Tensor, top_k: int) -> torch.Tensor
     probs = router_logits.float().softmax(dim=-1).flatten(0, 1)  # [L N, E]
     routed = expert_load(router_logits, top_k).mean(dim=0) * top_k  # f_e: [E], summing to k
     return experts * (routed * probs.mean(dim=0)).sum()
+
+
+def replayed_weights(router_logits: torch.Tensor, routes: torch.Tensor, renormalize: bool) -> torch.Tensor:
+    """`[N, k]` float32 routing weights of tokens routed to the given experts `routes` `[N, k]` (rollout routing
+    replay: the engine's routing decision, the current router's weights): the router's softmax over all E experts
+    `[N, E]` at those experts, divided by their sum when the model renormalises its top k (Mixtral; Qwen3-MoE with
+    `norm_topk_prob`). W. Ma et al., "Stabilizing MoE Reinforcement Learning by Aligning Training and Inference
+    Routers" (2025). The gradient reaches the router through these weights; the choice of experts has none."""
+    weights = router_logits.float().softmax(dim=-1).gather(-1, routes)
+    return weights / weights.sum(dim=-1, keepdim=True) if renormalize else weights

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from distrl.algo.router import expert_load, load_balancing_loss, max_violation, router_entropy
+from distrl.algo.router import expert_load, load_balancing_loss, max_violation, replayed_weights, router_entropy
 
 
 def test_expert_load_counts_each_tokens_top_k_and_maxvio_compares_the_largest_with_uniform():
@@ -47,3 +47,16 @@ def test_load_balancing_loss_is_transformers_own():
     logits = torch.randn(3, 10, 8, generator=torch.Generator().manual_seed(0))  # 3 layers, 10 tokens, 8 experts
     theirs = load_balancing_loss_func(tuple(logits), num_experts=8, top_k=2)
     assert load_balancing_loss(logits, top_k=2).item() == pytest.approx(float(theirs), rel=1e-6)
+
+
+def test_replayed_routes_are_weighted_by_the_current_routers_softmax_over_them():
+    # Probabilities [0.1, 0.2, 0.3, 0.4]; the routes say experts 3 and 0: weights 0.4 and 0.1, renormalised 0.8 and
+    # 0.2. The top 2 of this router would have been experts 3 and 2: replay keeps the routes it is given.
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]])).requires_grad_()
+    routes = torch.tensor([[3, 0]])
+    assert replayed_weights(logits, routes, renormalize=False).flatten().tolist() == pytest.approx([0.4, 0.1])
+    weights = replayed_weights(logits, routes, renormalize=True)
+    assert weights.flatten().tolist() == pytest.approx([0.8, 0.2])
+    # d(w_3) / dz = w_3 (e_3 - w) over the two chosen experts: +0.16 on z_3, -0.16 on z_0, none on the others.
+    weights[0, 0].backward()
+    assert logits.grad.flatten().tolist() == pytest.approx([-0.16, 0.0, 0.0, 0.16], abs=1e-6)

@@ -1,5 +1,6 @@
 """A mixture-of-experts policy's routers in the learner: their logits recorded during a forward pass, the figures
-MoE users watch (`distrl.algo.router`) and the load-balancing term `learner.router_aux_loss_coef` adds.
+MoE users watch (`distrl.algo.router`), the load-balancing term `learner.router_aux_loss_coef` adds, and a forward
+pass that replays given routes (rollout routing replay: `replayed_routes`).
 
 The routers are found as transformers records them (the model's `_can_record_outputs["router_logits"]`: the router
 module class and which of its outputs are the logits, `[N, E]` over the N tokens of the packed row). Every token of
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from distrl.algo.router import expert_load, load_balancing_loss, max_violation, router_entropy
+from distrl.algo.router import expert_load, load_balancing_loss, max_violation, replayed_weights, router_entropy
 from distrl.merging import Merge
 
 Measured = dict[str, tuple[torch.Tensor, Merge]]
@@ -72,3 +73,36 @@ def router_terms(logits: list[torch.Tensor], config: Any, coef: float, share: to
     term = coef * aux * share
     figures["loss/router_aux"] = (term.detach(), Merge.SUM)
     return term, figures
+
+
+@contextmanager
+def replayed_routes(model: torch.nn.Module, routes: torch.Tensor) -> Iterator[None]:
+    """Forward passes inside the block route each token to the experts `routes` `[L, N, k]` gives it (layer l's
+    router, in the model's order, the N tokens of the packed row), weighted by the router's current softmax over
+    those experts (`replayed_weights`, renormalised as the model does): the routing decision is the given one, the
+    routers still learn through the weights. Raises ValueError unless the model has exactly L routers."""
+    recorder = _recorder(model)
+    routers = [] if recorder is None else [m for m in model.modules() if isinstance(m, recorder.target_class)]
+    if len(routers) != routes.shape[0]:
+        raise ValueError(f"routes of {routes.shape[0]} layers for a model with {len(routers)} routers")
+    for router, layer in zip(routers, routes, strict=True):
+        router.forward = _replaying(router, layer)
+    try:
+        yield
+    finally:
+        for router in routers:
+            del router.forward
+
+
+def _replaying(router: Any, routes: torch.Tensor) -> Any:
+    """A forward for `router` (transformers' top-k router: `weight` `[E, H]`) that returns (logits, weights, routes)
+    as its own does, with `routes` `[N, k]` in place of its top k."""
+    renormalize = getattr(router, "norm_topk_prob", True)  # Mixtral's always renormalises; Qwen's says so
+
+    def forward(hidden_states: torch.Tensor):
+        logits = torch.nn.functional.linear(hidden_states.reshape(-1, router.weight.shape[1]), router.weight)
+        weights = replayed_weights(logits, routes, renormalize)
+        # Qwen's routers return their weights in the logits' dtype, Mixtral's in float32.
+        return logits, weights.to(logits.dtype) if hasattr(router, "norm_topk_prob") else weights, routes
+
+    return forward
