@@ -406,3 +406,21 @@ def test_a_bucket_goes_to_the_device_asked_for(tiny_model_dir):
     spec = weight_specs(model, 2**20, torch.bfloat16)[0]
     bucket = gather_bucket(model, spec, torch.bfloat16, device="meta")
     assert bucket is not None and {(t.device.type, t.dtype) for t in bucket.values()} == {("meta", torch.bfloat16)}
+
+
+def test_the_hf_export_of_a_mixture_of_experts_is_save_pretrained_s(tiny_mixtral_dir, tmp_path):
+    """Expert stacks go back to the checkpoint's experts, Mixtral's `mlp` to `block_sparse_moe`: the files hold what
+    `save_pretrained` writes (vLLM's Mixtral loads no other names), bucket by bucket."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from distrl.workers.training.sharding import save_hf
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_mixtral_dir)
+    save_hf(model, tmp_path / "hf", bucket_bytes=2**16)
+    model.save_pretrained(tmp_path / "theirs")
+    ours = {k: v for f in (tmp_path / "hf").glob("*.safetensors") for k, v in load_file(f).items()}
+    theirs = load_file(tmp_path / "theirs" / "model.safetensors")
+    assert "model.layers.1.block_sparse_moe.experts.7.w3.weight" in ours
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
