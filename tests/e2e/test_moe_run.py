@@ -6,6 +6,7 @@ interrupted."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -34,19 +35,25 @@ def test_the_quickstart_trains_a_moe_policy_in_process(tmp_path, tiny_qwen3_moe_
     # with a dense model (tests/test_driver_local.py: below 1e-5).
     assert all(abs(h["correction/mismatch_kl/staleness_0"]) < 1e-5 for h in history)
     assert history[-1]["kl/ref"] > 0  # the policy moved away from the reference
+    # The routers' figures, every step: MaxVio within its bounds (0 .. E / k - 1), entropy below log E.
+    assert all(0 < h["moe/max_vio/mean"] <= h["moe/max_vio/max"] < 3 for h in history)
+    assert all(0 < h["moe/router_entropy"] < 2.08 for h in history) and "loss/router_aux" not in history[-1]
 
 
 def test_two_fsdp_learners_train_a_moe_policy_and_resume_it_exactly(ray_session, tmp_path, tiny_qwen3_moe_dir):
     fsdp = ("learner.strategy=fsdp", "cluster.learner.num_actors=2", "cluster.learner.num_cpus=0.25",
-            "run.checkpoint_every=2")
+            "learner.micro_batch_size=8", "run.checkpoint_every=2")
     whole = moe_config(tmp_path / "whole", tiny_qwen3_moe_dir, *fsdp, "run.steps=3")
     history = train(whole)
     assert [h["policy_version"] for h in history] == [0, 1, 2]
     assert all(abs(h["correction/mismatch_kl/staleness_0"]) < 1e-5 for h in history)
+    assert all(h["moe/max_vio/max"] > 0 for h in history)  # both learners' routers measured
 
     from transformers import AutoModelForCausalLM
 
     copy = tmp_path / "whole" / "quickstart" / "checkpoints" / "step_000002" / "policy" / "model"
+    index = json.loads((copy / "model.safetensors.index.json").read_text())["weight_map"]
+    assert "model.layers.1.mlp.experts.7.up_proj.weight" in index  # save_pretrained's layout, which vLLM loads
     policy = AutoModelForCausalLM.from_pretrained(copy)
     start = AutoModelForCausalLM.from_pretrained(tiny_qwen3_moe_dir)
     moved = policy.model.layers[1].mlp.experts.gate_up_proj - start.model.layers[1].mlp.experts.gate_up_proj
