@@ -173,8 +173,14 @@ def scenario_export(rank: int, world: int, model_dir: Path, out: Path) -> dict:
     return {"float32": full_weights(model), "bfloat16": bf16, "waits": counts, "buckets": len(buckets)}
 
 
+def scenario_experts(rank: int, world: int, model_dir: Path, out: Path) -> dict:
+    """A mixture of experts whose files hold each expert apart: every rank reads its experts into the stacks."""
+    model, _ = _fsdp(model_dir)
+    return {"weights": full_weights(model)}
+
+
 SCENARIOS = {"numerics": scenario_numerics, "checkpoint": scenario_checkpoint, "offload": scenario_offload,
-             "export": scenario_export}
+             "export": scenario_export, "experts": scenario_experts}
 
 
 def _worker(rank: int, world: int, port: int, scenario: str, model_dir: Path, out: Path) -> None:
@@ -424,3 +430,16 @@ def test_the_hf_export_of_a_mixture_of_experts_is_save_pretrained_s(tiny_mixtral
     assert "model.layers.1.block_sparse_moe.experts.7.w3.weight" in ours
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_sharded_learners_read_each_experts_tensors_into_their_stacks(arch, request, tmp_path):
+    """The files hold experts one by one (Qwen3-MoE's gate_proj/up_proj/down_proj, Mixtral's block_sparse_moe w1/w3/
+    w2); two ranks, each holding 4 of the 8 experts of every stack, gather exactly transformers' loaded model."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = request.getfixturevalue(f"tiny_{arch}_dir")
+    gathered = _spawn("experts", model_dir, tmp_path)["weights"]
+    expected = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    assert gathered.keys() == expected.keys()
+    assert all(torch.equal(gathered[k], expected[k]) for k in expected)
