@@ -59,7 +59,7 @@ def layout(model: Path, out: Path, tp: int, learners: int, pushes: int, bucket_m
             item = 4  # float32
             share = [sum(item * (math.prod(shapes[name]) if region is None
                                  else region[2] * math.prod(shapes[name]) // shapes[name][region[0]])
-                         for name, region in regions.items() if name in shapes)
+                         for name, region in regions if name in shapes)
                      for regions in ray.get(roles.rollout.call(0, RolloutWorker.worker_regions))]
     finally:
         backend.close()

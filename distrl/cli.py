@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("make-tiny-model", help="build a small random Llama + locally trained tokenizer")
     tiny.add_argument("dir", help="output directory")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--arch", default="llama", help="llama, qwen2, or a mixture of experts: qwen3_moe, mixtral")
     return parser
 
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "make-tiny-model":
         from distrl.workers.tiny_model import make_tiny_model
 
-        print(make_tiny_model(args.dir, seed=args.seed))
+        print(make_tiny_model(args.dir, seed=args.seed, arch=args.arch))
         return 0
     try:
         overrides = args.overrides + (["run.library_logs=console"] if getattr(args, "verbose", False) else [])

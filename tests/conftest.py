@@ -35,6 +35,24 @@ def tiny_qwen2_dir(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2")
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tmp_path_factory) -> Path:
+    """distrl's tiny random Qwen3-MoE (every layer 8 experts of intermediate size 64, top 2) and its tokenizer, built
+    once for the whole session."""
+    from distrl.workers.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_moe"), arch="qwen3_moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_dir(tmp_path_factory) -> Path:
+    """distrl's tiny random Mixtral (every layer 8 experts of intermediate size 64, top 2) and its tokenizer, built
+    once for the whole session."""
+    from distrl.workers.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_mixtral"), arch="mixtral")
+
+
 @pytest.fixture
 def toy_dataset(tmp_path) -> Path:
     """A 256-row toy-task JSONL file."""

@@ -131,3 +131,23 @@ def test_the_learners_blocks_give_the_fingerprint_of_every_region_asked_for():
     assert total["w[0:0:2]"] == of_sample(sample(T[:2])) and total["w[0:2:1]"] == of_sample(sample(T[2:]))
     assert total["b"] == of_sample(sample(torch.tensor([7.0])))  # a 0-dim tensor is one row
     assert of_blocks([("w", T, 0, 3)], None, torch.float32) == {"w": of_sample(sample(T))}  # TP 1: whole tensors
+
+
+def test_a_region_of_a_later_dimension_is_every_experts_block_of_it():
+    """A stack of experts `[E, out, in]` cut along `in` (an expert's down projection at TP 2): the region (2, 1, 1)
+    of a [2, 1, 2] stack is [[[2]], [[4]]], sampled at positions 0 and 1: 2 w0 + 4 w1; learners holding one expert
+    each hold one term."""
+    stack = torch.tensor([[[1.0, 2.0]], [[3.0, 4.0]]])
+    checksum, _ = of_rows(stack, 0, 2, (2, 1, 1))
+    assert checksum == pytest.approx(2 * W[0] + 4 * W[1], rel=1e-15)
+    assert checksum == of_sample(sample(stack[:, :, 1:]))[0]  # what a worker holding that block computes
+    parts = [of_rows(stack[:1], 0, 2, (2, 1, 1))[0], of_rows(stack[1:], 1, 2, (2, 1, 1))[0]]
+    assert parts == pytest.approx([2 * W[0], 4 * W[1]], rel=1e-15)
+
+
+def test_one_tensor_may_have_several_regions_on_one_worker():
+    # The gate rows 0 and up rows 2 of a [1, 4, 1] gate_up stack (I = 2, the first of two workers): two keys.
+    stack = torch.tensor([[[1.0], [2.0], [3.0], [4.0]]])
+    regions = {"gate_up": [(1, 0, 1), (1, 2, 1)]}
+    got = of_blocks([("gate_up", stack, 0, 1)], regions, torch.float32)
+    assert got == {"gate_up[1:0:1]": (1.0, 1.0), "gate_up[1:2:1]": (3.0, 3.0)}  # one entry each: weight w0 = 1

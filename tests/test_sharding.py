@@ -173,8 +173,14 @@ def scenario_export(rank: int, world: int, model_dir: Path, out: Path) -> dict:
     return {"float32": full_weights(model), "bfloat16": bf16, "waits": counts, "buckets": len(buckets)}
 
 
+def scenario_experts(rank: int, world: int, model_dir: Path, out: Path) -> dict:
+    """A mixture of experts whose files hold each expert apart: every rank reads its experts into the stacks."""
+    model, _ = _fsdp(model_dir)
+    return {"weights": full_weights(model)}
+
+
 SCENARIOS = {"numerics": scenario_numerics, "checkpoint": scenario_checkpoint, "offload": scenario_offload,
-             "export": scenario_export}
+             "export": scenario_export, "experts": scenario_experts}
 
 
 def _worker(rank: int, world: int, port: int, scenario: str, model_dir: Path, out: Path) -> None:
@@ -406,3 +412,34 @@ def test_a_bucket_goes_to_the_device_asked_for(tiny_model_dir):
     spec = weight_specs(model, 2**20, torch.bfloat16)[0]
     bucket = gather_bucket(model, spec, torch.bfloat16, device="meta")
     assert bucket is not None and {(t.device.type, t.dtype) for t in bucket.values()} == {("meta", torch.bfloat16)}
+
+
+def test_the_hf_export_of_a_mixture_of_experts_is_save_pretrained_s(tiny_mixtral_dir, tmp_path):
+    """Expert stacks go back to the checkpoint's experts, Mixtral's `mlp` to `block_sparse_moe`: the files hold what
+    `save_pretrained` writes (vLLM's Mixtral loads no other names), bucket by bucket."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from distrl.workers.training.sharding import save_hf
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_mixtral_dir)
+    save_hf(model, tmp_path / "hf", bucket_bytes=2**16)
+    model.save_pretrained(tmp_path / "theirs")
+    ours = {k: v for f in (tmp_path / "hf").glob("*.safetensors") for k, v in load_file(f).items()}
+    theirs = load_file(tmp_path / "theirs" / "model.safetensors")
+    assert "model.layers.1.block_sparse_moe.experts.7.w3.weight" in ours
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_sharded_learners_read_each_experts_tensors_into_their_stacks(arch, request, tmp_path):
+    """The files hold experts one by one (Qwen3-MoE's gate_proj/up_proj/down_proj, Mixtral's block_sparse_moe w1/w3/
+    w2); two ranks, each holding 4 of the 8 experts of every stack, gather exactly transformers' loaded model."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = request.getfixturevalue(f"tiny_{arch}_dir")
+    gathered = _spawn("experts", model_dir, tmp_path)["weights"]
+    expected = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    assert gathered.keys() == expected.keys()
+    assert all(torch.equal(gathered[k], expected[k]) for k in expected)

@@ -120,6 +120,22 @@ def test_qwen2_has_the_features_of_the_models_users_train(tmp_path, tiny_model_d
         make_tiny_model(tmp_path / "other", arch="gpt2")
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_the_mixtures_of_experts_route_each_token_to_2_of_8_experts(arch, request, tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    out = request.getfixturevalue(f"tiny_{arch}_dir")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.model_type == arch and model.config.num_experts_per_tok == 2
+    experts = model.model.layers[1].mlp.experts
+    assert experts.gate_up_proj.shape == (8, 2 * 64, 128) and experts.down_proj.shape == (8, 128, 64)
+    routed = model(input_ids=torch.tensor([[5, 17, 33, 8]]), output_router_logits=True).router_logits
+    assert [tuple(r.shape) for r in routed] == [(4, 8), (4, 8)]  # every layer sparse
+    assert (out / "tokenizer.json").read_bytes() == (tiny_model_dir / "tokenizer.json").read_bytes()
+    again = make_tiny_model(tmp_path / arch, arch=arch)
+    assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
 def test_a_tiny_model_being_built_is_not_read_before_it_is_complete(tmp_path, monkeypatch):
     """Actors that start at once all ask for the model: one builds it and the others wait for it, even when they
     look while its config.json exists but is still being written (seen as an empty config.json in a 2 x 2 run)."""

@@ -157,6 +157,14 @@ class LearnerConfig(Section):
     `cluster.critic.num_actors`) must be multiples of it."""
     lora: LoraConfig | None = None
     """Train low-rank adapters instead of the whole model (`LoraConfig`); null: full fine-tuning."""
+    router_aux_loss_coef: float = Field(default=0.0, ge=0.0)
+    """A mixture-of-experts policy: the coefficient of its routers' load-balancing loss (Switch Transformer's, as
+    transformers computes it for the model: E * sum_e f_e P_e over every layer's tokens, `moe/aux_loss`) added to
+    the policy loss; 0 adds none (the router is trained by the policy loss alone). Default 0, as slime: the router
+    comes balanced from pre-training, RL's batches are few and narrow, and a term that pushes the routes toward
+    balance rather than reward moves them away from what the engine routed (the largest rollout/trainer mismatch of
+    a MoE); TRL's GRPO adds 1e-3. The load it would correct is logged either way (`moe/max_vio`, `moe/router_entropy`):
+    set it (1e-3 is the models' own pre-training value) when `moe/max_vio` grows. No effect on a dense model."""
 
     @model_validator(mode="before")
     @classmethod
@@ -185,6 +193,9 @@ class CriticConfig(LearnerConfig):
     def _no_lora(self) -> CriticConfig:
         if self.lora is not None:
             raise ValueError("critic.lora: the value model trains in full (adapters are the policy's: learner.lora)")
+        if self.router_aux_loss_coef:
+            raise ValueError("critic.router_aux_loss_coef: the value model's loss is the value loss alone (a "
+                             "load-balancing loss is the policy's: learner.router_aux_loss_coef)")
         return self
 
 

@@ -1,5 +1,7 @@
-"""Build distrl's tiny random test models: a byte-level BPE tokenizer trained on the spot and a random Llama, or a
-random Qwen2 with the features of the Qwen2.5 models users train (tied embeddings, QKV bias, grouped-query attention).
+"""Build distrl's tiny random test models: a byte-level BPE tokenizer trained on the spot and a random Llama, a
+random Qwen2 with the features of the Qwen2.5 models users train (tied embeddings, QKV bias, grouped-query attention),
+or a random mixture of experts: a Qwen3-MoE (as Qwen3-30B-A3B: 8 experts, top-2 of them, QK norms, every layer
+sparse) or a Mixtral.
 
 No hub is reachable where the tests and the quickstart run, so the model is made locally, in the standard HF
 layout (`config.json`, `model.safetensors`, `tokenizer.json`, chat template) that transformers and vLLM both load
@@ -12,8 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from distrl.tasks.toy import toy_corpus
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 CONTEXT_LENGTH = 512
@@ -114,7 +120,9 @@ def train_tokenizer(corpus: list[str], vocab_size: int):
     return tok
 
 
-ARCHITECTURES = ("llama", "qwen2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3_moe", "mixtral")
+EXPERTS, EXPERTS_PER_TOKEN = 8, 2
+"""The tiny mixtures of experts: each token routed to 2 of 8 experts per layer."""
 
 
 def make_tiny_model(out_dir: str | Path, *, arch: str = "llama", vocab_size: int = 512, hidden_size: int = 128,
@@ -123,26 +131,23 @@ def make_tiny_model(out_dir: str | Path, *, arch: str = "llama", vocab_size: int
 
     `llama`: `LlamaForCausalLM`, untied embeddings, full multi-head attention, no biases. `qwen2`:
     `Qwen2ForCausalLM` as in Qwen2.5: the LM head tied to the input embeddings, biases on the q/k/v projections,
-    and grouped-query attention with `num_heads // 2` key/value heads.
+    and grouped-query attention with `num_heads // 2` key/value heads. `qwen3_moe` (`Qwen3MoeForCausalLM`) and
+    `mixtral` (`MixtralForCausalLM`): every layer's MLP a mixture of `EXPERTS` experts of intermediate size
+    `hidden_size // 2`, each token routed to `EXPERTS_PER_TOKEN` of them, grouped-query attention as `qwen2`'s,
+    untied embeddings; Qwen3-MoE with its q/k norms and its routing weights not renormalised over the top k
+    (`norm_topk_prob=False`, its default), Mixtral's renormalised.
 
     The tokenizer is trained on `corpus` (default: `default_corpus()`) and has at most `vocab_size` tokens (fewer
     when the corpus runs out of merges; below 262, see `train_tokenizer`); the model's vocabulary is exactly the
     tokenizer's. Same arguments, same bytes.
     """
     import torch
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        PreTrainedModel,
-        PreTrainedTokenizerFast,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    from transformers import PreTrainedTokenizerFast
 
     if arch not in ARCHITECTURES:
         raise ValueError(f"tiny model architecture {arch!r}: expected one of {', '.join(ARCHITECTURES)}")
-    if arch == "qwen2" and (num_heads < 2 or num_heads % 2):
-        raise ValueError(f"a tiny qwen2 shares each key/value head between 2 query heads: num_heads must be even, "
+    if arch != "llama" and (num_heads < 2 or num_heads % 2):
+        raise ValueError(f"a tiny {arch} shares each key/value head between 2 query heads: num_heads must be even, "
                          f"got {num_heads}")
     out = Path(out_dir)
     raw = train_tokenizer(list(corpus) if corpus is not None else default_corpus(), vocab_size)
@@ -158,11 +163,7 @@ def make_tiny_model(out_dir: str | Path, *, arch: str = "llama", vocab_size: int
     )
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    model: PreTrainedModel
-    if arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common, num_key_value_heads=num_heads, tie_word_embeddings=False))
-    else:  # Qwen2's q/k/v projections always carry biases
-        model = Qwen2ForCausalLM(Qwen2Config(**common, num_key_value_heads=num_heads // 2, tie_word_embeddings=True))
+    model = _random_model(arch, common, num_heads)
     model.eval()
     torch.random.set_rng_state(generator_state)  # leave the caller's random stream as it was
     with _no_progress_bar():  # a bar for the one shard of a model made in a second: noise on a run's console
@@ -182,3 +183,31 @@ def _no_progress_bar() -> Iterator[None]:
     finally:
         if shown:
             hf_logging.enable_progress_bar()
+
+
+def _random_model(arch: str, common: dict[str, Any], num_heads: int) -> PreTrainedModel:
+    """A random `arch` model of the `common` sizes (see `make_tiny_model`), drawn from torch's global generator."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
+
+    if arch == "llama":
+        return LlamaForCausalLM(LlamaConfig(**common, num_key_value_heads=num_heads, tie_word_embeddings=False))
+    if arch == "qwen2":  # Qwen2's q/k/v projections always carry biases
+        return Qwen2ForCausalLM(Qwen2Config(**common, num_key_value_heads=num_heads // 2, tie_word_embeddings=True))
+    expert_size = common["hidden_size"] // 2
+    moe: dict[str, Any] = dict(num_experts_per_tok=EXPERTS_PER_TOKEN, num_key_value_heads=num_heads // 2,
+                               tie_word_embeddings=False)
+    if arch == "qwen3_moe":
+        return Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, **moe, num_experts=EXPERTS,
+                                                  moe_intermediate_size=expert_size, mlp_only_layers=[]))
+    # Mixtral's intermediate_size is each expert's
+    return MixtralForCausalLM(MixtralConfig(**{**common, "intermediate_size": expert_size}, **moe,
+                                            num_local_experts=EXPERTS))

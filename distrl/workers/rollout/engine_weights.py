@@ -22,7 +22,7 @@ from typing import Any
 
 from distrl.workers.rollout import shared_bucket
 from distrl.workers.weights import fingerprint
-from distrl.workers.weights.fingerprint import Fingerprint, Region, key
+from distrl.workers.weights.fingerprint import Fingerprint, Held, Region, key
 from distrl.workers.weights.pieces import BucketParts, assemble
 
 
@@ -33,7 +33,7 @@ class EngineWeights:
 
     def __init__(self, llm: Any, workers: int, lora_rank: int | None):
         self.llm, self.workers, self.lora_rank = llm, workers, lora_rank
-        self._regions: list[dict[str, Region]] | None = None
+        self._regions: list[Held] | None = None
         self.pool = shared_bucket.SharedPool() if workers > 1 else None  # the segments the workers map
 
     def load(self, buckets: Iterable[BucketParts]) -> None:
@@ -62,7 +62,7 @@ class EngineWeights:
                                f"engine's model")
         return loaded[0]
 
-    def regions(self) -> list[dict[str, Region]]:
+    def regions(self) -> list[Held]:
         """Each worker's regions of the tensors (HF names, or PEFT names of adapters) it holds (fixed once built)."""
         if self._regions is None:
             adapters = self.lora_rank is not None
@@ -73,7 +73,7 @@ class EngineWeights:
         """Every region any worker holds, by tensor name: what the learners fingerprint for a check."""
         out: dict[str, list[Region]] = {}
         for regions in self.regions():
-            for name, region in regions.items():
+            for name, region in regions:
                 if region not in out.setdefault(name, []):
                     out[name].append(region)
         return out
@@ -89,14 +89,14 @@ class EngineWeights:
         else:
             served = self.llm.collective_rpc("distrl_adapter_fingerprint", args=(adapter_version, self.lora_rank))
         pushed = {k.partition("[")[0] for k in expected}  # the tensors the learners sent (a key is name[region])
-        unheld = sorted(pushed - {name for regions in self.regions() for name in regions})
+        unheld = sorted(pushed - {name for regions in self.regions() for name, _ in regions})
         if unheld:
             raise fingerprint.WeightMismatch(f"{engine} serves no tensor named {unheld[0]} ({len(unheld)} of the "
                                              f"pushed tensors) after loading version {version}")
         for rank, (regions, got) in enumerate(zip(self.regions(), served, strict=True)):
             # What this worker holds of the pushed tensors (with adapters, the LoRA layers of projections that
             # `learner.lora` does not target hold none of them).
-            keys = [key(name, region) for name, region in regions.items() if name in pushed]
+            keys = [key(name, region) for name, region in regions if name in pushed]
             missing = [k for k in keys if k not in expected]
             if missing:
                 raise fingerprint.WeightMismatch(

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from distrl.workers.rollout.served_weights import linear_regions
-from distrl.workers.weights.fingerprint import Fingerprint, Region, key, of_sample, sample
+from distrl.workers.weights.fingerprint import Fingerprint, Held, Region, key, of_sample, sample
 
 PEFT_PREFIX = "base_model.model."
 """What PEFT's adapter names put before the HF module name."""
@@ -83,12 +83,12 @@ def slot_fingerprint(worker: Any, version: int, rank: int) -> Fingerprint:
         return {key(name, region): of_sample(sample(tensor)) for name, region, tensor in _slot(manager, index, rank)}
 
 
-def slot_regions(worker: Any) -> dict[str, Region]:
+def slot_regions(worker: Any) -> Held:
     """In the engine's worker: the region of each adapter tensor (PEFT name) this worker holds, as its LoRA layers
     keep them (vLLM slices them as it slices their base layers: a column-parallel projection's B by output rows, a
     row-parallel one's A by input columns; the other factor whole)."""
     manager = worker.model_runner.lora_manager._adapter_manager
-    return {name: region for name, region, _ in _slot(manager, 0, 0)}
+    return [(name, region) for name, region, _ in _slot(manager, 0, 0)]
 
 
 def _slot(manager: Any, index: int, rank: int) -> Iterator[tuple[str, Region, torch.Tensor]]:

@@ -9,6 +9,11 @@ packs it for oneDNN and drops the parameter, and on any device this reads what t
 layers (`qkv_proj`, `gate_up_proj`) are split back into their HF tensors by the model's `packed_modules_mapping` and
 the layer's output sizes per rank. Rows past the vocabulary (vLLM pads the embedding and the LM head to a multiple
 of 64 rows, per rank), and the LM head's output sizes that count them, are left out.
+
+A mixture of experts' layer serves its router (`mlp.gate`, a replicated linear layer read as the others) and its
+experts, which vLLM stacks as transformers does (`w13_weight [E, 2I, H]`, each expert's gate rows then its up rows;
+`w2_weight [E, H, I]`): they are served under the HF names of those stacks, `mlp.experts.gate_up_proj` and
+`mlp.experts.down_proj`, each expert a row of the sample (`distrl.workers.rollout.served_experts`).
 """
 
 from __future__ import annotations
@@ -18,25 +23,34 @@ from typing import Any
 
 import torch
 
-from distrl.workers.weights.fingerprint import Fingerprint, Region, columns, key, of_sample, sample
+from distrl.workers.rollout import engine_names
+from distrl.workers.rollout.served_experts import experts, is_experts
+from distrl.workers.weights.fingerprint import Fingerprint, Held, Region, columns, key, of_sample, sample
 
 Served = Iterator[tuple[str, Region, torch.Tensor]]
 """(HF name, region, `[N, S]` sample of what the worker holds of it)."""
 
 
-def served_fingerprint(model: torch.nn.Module) -> Fingerprint:
-    """Fingerprint of what `model` (a vLLM model, in its worker) serves, keyed by `fingerprint.key(name, region)`."""
-    return {key(name, region): of_sample(values) for name, region, values in served(model)}
+def served_fingerprint(model: torch.nn.Module, model_type: str) -> Fingerprint:
+    """Fingerprint of what `model` (a vLLM model of HF `model_type`, in its worker) serves, keyed by
+    `fingerprint.key(name, region)`."""
+    return {key(name, region): of_sample(values) for name, region, values in served(model, model_type)}
 
 
-def served_regions(model: torch.nn.Module) -> dict[str, Region]:
-    """The region of each HF tensor that `model`'s worker holds, by HF name (its layout: fixed once built)."""
-    return {name: region for name, region, _ in served(model)}
+def served_regions(model: torch.nn.Module, model_type: str) -> Held:
+    """The regions of HF tensors that `model`'s worker holds, (HF name, region) each (its layout: fixed once built)."""
+    return [(name, region) for name, region, _ in served(model, model_type)]
 
 
 @torch.no_grad()
-def served(model: torch.nn.Module) -> Served:
-    """(HF name, region, sample) of every tensor `model` serves (see the module's docstring)."""
+def served(model: torch.nn.Module, model_type: str) -> Served:
+    """(HF name, region, sample) of every tensor `model` (of HF `model_type`) serves (see the module's docstring),
+    under the learners' names (`engine_names`)."""
+    for name, region, values in _served(model):
+        yield engine_names.to_learner(name, model_type), region, values
+
+
+def _served(model: torch.nn.Module) -> Served:
     from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
@@ -45,6 +59,8 @@ def served(model: torch.nn.Module) -> Served:
         parent, _, leaf = prefix.rpartition(".")
         if isinstance(module, ParallelLMHead):
             yield from _vocab_head(module, prefix)
+        elif is_experts(module):
+            yield from experts(module, prefix)
         elif isinstance(module, LinearBase):
             yield from _linear(module, parent, packed.get(leaf, [leaf]))
         else:

@@ -39,7 +39,7 @@ from distrl.workers.rollout.engine_weights import EngineWeights
 from distrl.workers.rollout.episodes import EngineStepper, Resampled
 from distrl.workers.rollout.sampling import eval_sampling, request_seed, sampling_params
 from distrl.workers.weights import fingerprint
-from distrl.workers.weights.fingerprint import Fingerprint, Region
+from distrl.workers.weights.fingerprint import Fingerprint, Held, Region
 from distrl.workers.weights.pieces import BucketParts, assemble
 
 
@@ -305,8 +305,8 @@ class RolloutWorker:
         if self._torn is not None:
             raise UnusableEngine(self._torn)
 
-    def worker_regions(self) -> list[dict[str, Region]]:
-        """Each worker's region of every tensor it holds (its layout), in worker order."""
+    def worker_regions(self) -> list[Held]:
+        """Each worker's regions of the tensors it holds (its layout), (name, region) each, in worker order."""
         return self.engine.call(self.weights.regions)
 
     def weight_regions(self) -> dict[str, list[Region]]:

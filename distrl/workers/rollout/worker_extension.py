@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from distrl.workers.rollout import lora_engine, served_weights, shared_bucket
+from distrl.workers.rollout import cpu_experts, engine_names, lora_engine, served_weights, shared_bucket
 from distrl.workers.rollout.shared_bucket import SharedBucket
 from distrl.workers.weights import nccl
-from distrl.workers.weights.fingerprint import Fingerprint, Region
+from distrl.workers.weights.fingerprint import Fingerprint, Held
 
 WORKER_EXTENSION = f"{__name__}.EngineWorker"
 """The qualified name vLLM's engine arguments take (`worker_extension_cls`)."""
@@ -58,8 +58,10 @@ class EngineWorker:
         still holds views of (vLLM keeps an unfinished layer's tensors), which the rollout actor must not write."""
         from vllm.config import set_current_vllm_config
 
+        model_type = self.vllm_config.model_config.hf_config.model_type
+        named = ((engine_names.to_engine(name, model_type), tensor) for name, tensor in bucket.items())
         with set_current_vllm_config(self.vllm_config):
-            self._distrl_model().load_weights(bucket.items())  # type: ignore[operator]  # a vLLM model's own loader
+            self._distrl_model().load_weights(named)  # type: ignore[operator]  # a vLLM model's own loader
         return shared_bucket.held_segments() if isinstance(bucket, SharedBucket) else []
 
     def distrl_finish_reload(self) -> None:
@@ -69,6 +71,7 @@ class EngineWorker:
 
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(self._distrl_model(), self.vllm_config.model_config)
+        cpu_experts.pack_after_reload(self._distrl_model())  # vLLM 0.32's CPU reload leaves the experts unpacked
         self.model_runner.reset_lora_state()
         self.model_runner.reset_encoder_cache()
         self.model_runner.reset_mm_cache()
@@ -76,13 +79,14 @@ class EngineWorker:
             torch.cuda.empty_cache()  # the reload's staging blocks back to the device, outside vLLM's budget
 
     # ------------------------------------------------------------------------------------------------ fingerprints
-    def distrl_regions(self) -> dict[str, Region]:
-        """The region of each HF tensor this worker holds (`served_weights.served_regions`)."""
-        return served_weights.served_regions(self._distrl_model())
+    def distrl_regions(self) -> Held:
+        """The regions of HF tensors this worker holds (`served_weights.served_regions`)."""
+        return served_weights.served_regions(self._distrl_model(), self.vllm_config.model_config.hf_config.model_type)
 
     def distrl_fingerprint(self) -> Fingerprint:
         """The fingerprint of what this worker serves (`served_weights.served_fingerprint`)."""
-        return served_weights.served_fingerprint(self._distrl_model())
+        model_type = self.vllm_config.model_config.hf_config.model_type
+        return served_weights.served_fingerprint(self._distrl_model(), model_type)
 
     # --------------------------------------------------------------------------------------------------- adapters
     def distrl_register_adapter(self, version: int, tensors: dict[str, torch.Tensor], peft_cfg: dict[str, Any],
@@ -94,7 +98,7 @@ class EngineWorker:
         """`lora_engine.slot_fingerprint` in this worker."""
         return lora_engine.slot_fingerprint(self, version, rank)
 
-    def distrl_adapter_regions(self) -> dict[str, Region]:
+    def distrl_adapter_regions(self) -> Held:
         """`lora_engine.slot_regions` in this worker."""
         return lora_engine.slot_regions(self)
 

@@ -20,7 +20,7 @@ from distrl.merging import Figures
 from distrl.types.batches import Sequences, TrainBatch, on_host
 from distrl.workers.device import granted_device, to_device
 from distrl.workers.model_files import DTYPES, tokenizer_path
-from distrl.workers.training import dist, lora
+from distrl.workers.training import dist, lora, moe
 from distrl.workers.training.kernels import apply_kernels
 from distrl.workers.training.model import response_logprobs, score_rows
 from distrl.workers.training.packing import Layout
@@ -131,9 +131,11 @@ class Learner:
 
     def _policy_loss(self, model: torch.nn.Module, micro: TrainBatch, counts: Counts,
                      layout: Layout | None = None) -> tuple[torch.Tensor, Measured]:
-        """The `Objective` of the policy: `compute_loss` on the micro-batch's log-probs under `model`."""
-        logprobs, entropy = response_logprobs(model, micro.sequences, self.temperature,
-                                              with_entropy=self.loss_cfg.entropy_coef > 0, layout=layout)
+        """The `Objective` of the policy: `compute_loss` on the micro-batch's log-probs under `model`, plus a mixture of
+        experts' load-balancing term (`learner.router_aux_loss_coef`) and router figures (`moe.router_terms`)."""
+        with moe.recorded_router_logits(model) as router_logits:
+            logprobs, entropy = response_logprobs(model, micro.sequences, self.temperature,
+                                                  with_entropy=self.loss_cfg.entropy_coef > 0, layout=layout)
         old = micro.old_logprobs
         if old is None:  # one optimizer step from these weights: its log-probs are the proximal policy's
             old = logprobs.detach()
@@ -145,7 +147,12 @@ class Learner:
                        norm_len=self.norm_len),
             self.loss_cfg,
         )
-        return out.loss, {key: (value, MERGE[key]) for key, value in out.tensors.items()}
+        figures: Measured = {key: (value, MERGE[key]) for key, value in out.tensors.items()}
+        if not router_logits:
+            return out.loss, figures
+        share = micro.response_mask.sum() / max(counts.num_tokens, 1.0)
+        term, routing = moe.router_terms(router_logits, model.config, self.cfg.router_aux_loss_coef, share)
+        return out.loss if term is None else out.loss + term, {**figures, **routing}
 
     def weights_version(self) -> int:
         """The policy version of the weights held now (what `weight_bucket` called next sends)."""

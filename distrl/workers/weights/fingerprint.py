@@ -8,11 +8,13 @@ absolute values) sizes the tolerance.
 
 A worker of a tensor-parallel engine holds a *region* of some HF tensors: a block of rows (`(0, start, length)`: a
 column-parallel projection's output rows, a vocabulary shard) or of columns (`(1, start, length)`: a row-parallel
-projection's input columns), the tensor whole (`None`) for the rest. Its fingerprint is keyed by `key(name,
-region)`, and is the fingerprint of the region as a tensor of its own: the sample of the rows (or columns) it
-holds. The learners compute the same from the full tensor's rows they hold (`of_rows`): the checksum is a sum over
-the sampled entries, so every learner's part of it can be computed from its own rows (a sharded learner holds a
-block of the first dimension) and the parts added (`add`), without gathering a tensor anywhere.
+projection's input columns; a block of a later dimension, `(2, start, length)`, of a stack of experts' projections
+`[E, out, in]`), the tensor whole (`None`) for the rest; one worker may hold several regions of a tensor (the gate
+and up halves of experts' fused `gate_up_proj`). Its fingerprint is keyed by `key(name, region)`, and is the
+fingerprint of the region as a tensor of its own: the sample of the rows (or columns) it holds. The learners
+compute the same from the full tensor's rows they hold (`of_rows`): the checksum is a sum over the sampled entries,
+so every learner's part of it can be computed from its own rows (a sharded learner holds a block of the first
+dimension) and the parts added (`add`), without gathering a tensor anywhere.
 
 Both sides build the same sample from what they hold: the learners from their own weights cast to the rollout dtype
 (what they sent), the engine's workers from their own parameters, or, for layers whose weights vLLM has repacked for
@@ -37,8 +39,11 @@ Fingerprint = dict[str, tuple[float, float]]
 """`key(name, region)` -> (checksum, scale)."""
 
 Region = tuple[int, int, int] | None
-"""The part of an HF tensor a worker holds: `(dim, start, length)`, rows (dim 0) or columns (dim 1) `start` to
-`start + length`; None: the whole tensor."""
+"""The part of an HF tensor a worker holds: `(dim, start, length)`, indices `start` to `start + length` of dimension
+`dim` (rows: 0, columns: 1, ...) and every index of the others; None: the whole tensor."""
+
+Held = list[tuple[str, Region]]
+"""The regions of HF tensors one worker holds, (name, region) each: a tensor may appear with several regions."""
 
 
 class WeightMismatch(RuntimeError):
@@ -103,7 +108,7 @@ def of_rows(block: torch.Tensor, first_row: int, full_rows: int, region: Region)
             return 0.0, 0.0
         rows, first, n = block[lo - first_row:hi - first_row], lo - start, length
     else:
-        rows, first, n = block.narrow(1, start, length), first_row, full_rows
+        rows, first, n = block.narrow(dim, start, length), first_row, full_rows
     values = sample(rows).detach().to("cpu", torch.float64)
     weights = _position_weights(n, values.shape[1])[first:first + values.shape[0]]
     return float((values * weights).sum()), float((values.abs() * weights).sum())

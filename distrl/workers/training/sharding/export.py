@@ -13,7 +13,8 @@ does not rename parameters, and a tied LM head appears under both names, as vLLM
 block), which it sends itself (`distrl.workers.weights.pieces`); an engine assembles the full tensors.
 
 `save_hf` writes an HF folder (config + sharded safetensors + index) from the same buckets, leaving out tied aliases
-as `save_pretrained` does, so that `from_pretrained` and vLLM load it directly.
+and reverting transformers' weight conversions as `save_pretrained` does, so that `from_pretrained` and vLLM load it
+directly.
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def save_hf(model: torch.nn.Module, directory: str | Path, dtype: torch.dtype = 
     for i, spec in enumerate(specs, start=1):
         bucket = gather_bucket(model, spec, dtype)
         if bucket is not None:
+            bucket = checkpoint_layout(model, bucket)
             file = f"model-{i:05d}-of-{len(specs):05d}.safetensors"
             save_file(bucket, out / file, metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(bucket, file))
@@ -142,3 +144,14 @@ def save_hf(model: torch.nn.Module, directory: str | Path, dtype: torch.dtype = 
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     if dist.is_initialized():
         dist.barrier()  # the folder is complete when save_hf returns on any rank
+
+
+def checkpoint_layout(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` (state-dict names) as `save_pretrained` writes them: transformers' conversions reverted (a mixture of
+    experts' stacks `mlp.experts.gate_up_proj` back to each expert's `gate_proj` and `up_proj`, Mixtral's `mlp` to
+    `block_sparse_moe`), so that the folder is the checkpoint layout vLLM's loaders expect; each tensor its own copy
+    (safetensors refuses views of one storage). A model without conversions keeps its names."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    reverted = revert_weight_conversion(model, tensors)  # type: ignore[arg-type]  # a PreTrainedModel
+    return tensors if reverted is tensors else {name: t.clone() for name, t in reverted.items()}

@@ -84,12 +84,68 @@ def load_sharded(auto_class, config, path: str | Path, mesh: DeviceMesh, *, comp
     tied = aliases(model)
     state = {name: tensor for name, tensor in model.state_dict().items()
              if name not in tied and name.split(".")[0] not in fresh}
-    missing = sorted(set(state) - in_files)
+    stacks = {name: parts for name in set(state) - in_files if (parts := expert_files(name, in_files))}
+    missing = sorted(set(state) - in_files - set(stacks))
     if missing:
         raise ValueError(f"{field} {path}: the safetensors files lack {missing[:5]} "
                          f"({len(missing)} tensors of {type(model).__name__})")
-    dcp.load(state, storage_reader=reader)  # fills every local shard in place
+    dcp.load({k: v for k, v in state.items() if k not in stacks}, storage_reader=reader)  # every local shard in place
+    _load_expert_stacks(Path(path), {name: (state[name], parts) for name, parts in stacks.items()})
     return model.eval()
+
+
+EXPERT_FILES = {
+    ".experts.gate_up_proj": ((".experts.{e}.gate_proj.weight", ".experts.{e}.up_proj.weight"),
+                              (".experts.{e}.w1.weight", ".experts.{e}.w3.weight")),
+    ".experts.down_proj": ((".experts.{e}.down_proj.weight",), (".experts.{e}.w2.weight",)),
+}
+"""A mixture of experts' stack (transformers 5's name) -> the per-expert tensors a checkpoint holds it as, in
+Qwen3-MoE's and in Mixtral's names (the parts of a fused stack concatenated along its rows)."""
+
+MODULE_NAMES = (".mlp.", ".block_sparse_moe.")
+"""Where the checkpoint's experts live: transformers' module name, and Mixtral's in its checkpoints."""
+
+
+def expert_files(name: str, in_files: set[str]) -> list[str] | None:
+    """The names the files hold tensor `name` under, when they hold it as a mixture of experts' checkpoint does: a
+    stack's per-expert parts, in order (patterns with `{e}` for the expert), or Mixtral's module name for the
+    tensor whole (its router); None otherwise."""
+    layouts = next((layouts for suffix, layouts in EXPERT_FILES.items() if name.endswith(suffix)), None)
+    prefix = name.removesuffix(next((suffix for suffix in EXPERT_FILES if name.endswith(suffix)), ""))
+    for module in MODULE_NAMES:
+        for parts in layouts or ((name.removeprefix(prefix),),):
+            names = [(prefix + part).replace(MODULE_NAMES[0], module) for part in parts]
+            if all(n.format(e=0) in in_files for n in names):
+                return names
+    return None
+
+
+@torch.no_grad()
+def _load_expert_stacks(path: Path, stacks: dict[str, tuple[torch.Tensor, list[str]]]) -> None:
+    """Fill each rank's experts of every stack (its block of dimension 0, the experts) from the per-expert tensors
+    of the files: each expert's parts concatenated along their rows, read only for this rank's experts; a tensor
+    under another module name, its rows."""
+    import json
+
+    from safetensors import safe_open
+
+    from distrl.workers.training.sharding.export import own_rows
+
+    if not stacks:
+        return
+    index = path / "model.safetensors.index.json"
+    where = (json.loads(index.read_text())["weight_map"] if index.exists()
+             else dict.fromkeys(safe_open(path / "model.safetensors", "pt").keys(), "model.safetensors"))
+    def read(name: str) -> torch.Tensor:
+        return safe_open(path / where[name], "pt").get_tensor(name)
+
+    for tensor, parts in stacks.values():
+        block, start, _ = own_rows(tensor)
+        if "{e}" not in parts[0]:  # a tensor under another module name: this rank's rows of it
+            block.copy_(read(parts[0])[start:start + block.shape[0]].to(block.dtype))
+            continue
+        for i in range(block.shape[0]):
+            block[i].copy_(torch.cat([read(part.format(e=start + i)) for part in parts]).to(block.dtype))
 
 
 def init_fresh(model: torch.nn.Module, module: torch.nn.Module, seed: int | None) -> torch.nn.Module:
