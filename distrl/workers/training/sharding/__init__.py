@@ -16,11 +16,11 @@ Every function here that touches sharded tensors is a collective: every rank of 
 order, with the same arguments.
 """
 
-from distrl.workers.training.sharding.export import gather_bucket, local_pieces, own_rows, save_hf
+from distrl.workers.training.sharding.export import gather_bucket, local_pieces, save_hf
 from distrl.workers.training.sharding.grads import clip_grad_norm_
 from distrl.workers.training.sharding.load import load_sharded, load_sharded_causal_lm
 from distrl.workers.training.sharding.state import load, save
-from distrl.workers.training.sharding.wrap import decoder_layer_classes, learner_mesh, shard, sync_gradients
+from distrl.workers.training.sharding.wrap import decoder_layer_classes, learner_mesh, own_rows, shard, sync_gradients
 
 __all__ = ["clip_grad_norm_", "decoder_layer_classes", "gather_bucket", "learner_mesh", "load", "load_sharded",
            "load_sharded_causal_lm", "local_pieces", "own_rows", "save", "save_hf", "shard", "sync_gradients"]

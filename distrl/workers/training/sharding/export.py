@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from distrl.workers.training.sharding.load import aliases
+from distrl.workers.training.sharding.wrap import own_rows
 from distrl.workers.weights import export
 from distrl.workers.weights.export import Bucket, Spec
 from distrl.workers.weights.pieces import Pieces
@@ -80,25 +81,6 @@ def local_pieces(model: torch.nn.Module, spec: Spec, dtype: torch.dtype) -> Piec
             out.tensors[name] = block.detach().to("cpu", dtype).contiguous()
             out.rows[name] = start
     return out
-
-
-def own_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
-    """This rank's block of `tensor` (a DTensor sharded on dimension 0 only, or a plain tensor every rank holds
-    whole), the index of its first row, and whether this rank is the one that sends it (the first along every
-    mesh dimension the block is replicated over; rank 0 for a plain tensor)."""
-    if not isinstance(tensor, DTensor):
-        return tensor, 0, not dist.is_initialized() or dist.get_rank() == 0
-    # A private helper of torch's, the one DTensor itself uses to place a rank's shard (uneven shards included).
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-    from torch.distributed.tensor.placement_types import Replicate, Shard
-
-    mesh, placements = tensor.device_mesh, tensor.placements
-    if any(isinstance(p, Shard) and p.dim != 0 for p in placements):
-        raise ValueError(f"a weight sharded on dimension {[p for p in placements if isinstance(p, Shard)]} cannot be "
-                         f"sent as blocks of rows")
-    _, offset = compute_local_shape_and_global_offset(tensor.shape, mesh, placements)
-    sends = all(mesh.get_local_rank(d) == 0 for d, p in enumerate(placements) if isinstance(p, Replicate))
-    return tensor.to_local(), (offset[0] if offset else 0), sends
 
 
 def bound_run_ahead(device_type: str) -> None:

@@ -18,7 +18,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from distrl.workers.training.sharding.wrap import shard
+from distrl.workers.training.sharding.wrap import own_rows, shard
 
 
 def aliases(model: torch.nn.Module) -> dict[str, str]:
@@ -129,7 +129,6 @@ def _load_expert_stacks(path: Path, stacks: dict[str, tuple[torch.Tensor, list[s
 
     from safetensors import safe_open
 
-    from distrl.workers.training.sharding.export import own_rows
 
     if not stacks:
         return

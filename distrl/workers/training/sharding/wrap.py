@@ -1,4 +1,5 @@
-"""`shard`: apply FSDP2 (`fully_shard`) to an HF causal LM, one unit per decoder layer and one at the root.
+"""`shard`: apply FSDP2 (`fully_shard`) to an HF causal LM, one unit per decoder layer and one at the root;
+`own_rows`: the block of a sharded weight this rank holds (what it loads, and what it sends in a push).
 
 Decoder layers are found generically through the model's `_no_split_modules` (the classes transformers itself never
 splits across devices: `LlamaDecoderLayer`, `Qwen2DecoderLayer`, ...). The root unit holds what is left: token
@@ -14,8 +15,10 @@ NCCL only needs for a real factor).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 
 def decoder_layer_classes(model: torch.nn.Module) -> tuple[type[torch.nn.Module], ...]:
@@ -78,3 +81,22 @@ def sync_gradients(model: torch.nn.Module, enabled: bool) -> None:
     if not isinstance(model, FSDPModule):
         raise TypeError(f"sync_gradients: {type(model).__name__} is not sharded (call shard first)")
     model.set_requires_gradient_sync(enabled)
+
+
+def own_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
+    """This rank's block of `tensor` (a DTensor sharded on dimension 0 only, or a plain tensor every rank holds
+    whole), the index of its first row, and whether this rank is the one that sends it (the first along every
+    mesh dimension the block is replicated over; rank 0 for a plain tensor)."""
+    if not isinstance(tensor, DTensor):
+        return tensor, 0, not dist.is_initialized() or dist.get_rank() == 0
+    # A private helper of torch's, the one DTensor itself uses to place a rank's shard (uneven shards included).
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.distributed.tensor.placement_types import Replicate, Shard
+
+    mesh, placements = tensor.device_mesh, tensor.placements
+    if any(isinstance(p, Shard) and p.dim != 0 for p in placements):
+        raise ValueError(f"a weight sharded on dimension {[p for p in placements if isinstance(p, Shard)]} cannot be "
+                         f"sent as blocks of rows")
+    _, offset = compute_local_shape_and_global_offset(tensor.shape, mesh, placements)
+    sends = all(mesh.get_local_rank(d) == 0 for d, p in enumerate(placements) if isinstance(p, Replicate))
+    return tensor.to_local(), (offset[0] if offset else 0), sends
