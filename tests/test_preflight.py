@@ -170,6 +170,20 @@ def test_learners_that_cannot_split_the_heads_are_refused(tiny_qwen2_dir, toy_da
     check(cfg(2))
 
 
+def test_reference_actors_that_cannot_split_the_heads_are_refused(tiny_qwen2_dir, toy_dataset, tmp_path):
+    # The reference is the initial policy (the tiny Qwen2's 4 and 2 heads) or another model (reference.path).
+    def cfg(k: int, **reference):
+        return make_cfg(tiny_qwen2_dir, toy_dataset, tmp_path, loss={"kl": {"coef": 0.01}},
+                        reference={"sequence_parallel_size": k, **reference},
+                        cluster={"num_cpus": 8, "backend": "ray", "reference": {"num_actors": k}})
+
+    refused = [f"reference.sequence_parallel_size (4) must divide the 2 key/value heads of {tiny_qwen2_dir}: each "
+               f"reference of a sequence-parallel group attends with 1/4 of them"]
+    assert problems(cfg(4)) == refused
+    assert problems(cfg(4, path=str(tiny_qwen2_dir))) == refused
+    check(cfg(2))
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
 def test_an_unwritable_output_dir(tiny_model_dir, toy_dataset, tmp_path):
     locked = tmp_path / "locked"

@@ -1,8 +1,8 @@
 """Ulysses sequence parallelism (`learner.sequence_parallel_size`, `distrl.workers.training.ulysses`): two processes in
 a real gloo group on the CPU each hold half of a packed micro-batch's tokens, and compute exactly what one process
 computes on all of them: the token log-probs and entropies, the loss, and (summed over the two) every gradient, in
-float64, for a dense and an MoE model; and two learners sharing every micro-batch (a 1 x 2 grid) train as one learner
-does, counting each token once."""
+float64, for a dense and an MoE model; two learners sharing every micro-batch (a 1 x 2 grid) train as one learner
+does, counting each token once; critics and reference actors split alike."""
 
 from __future__ import annotations
 
@@ -218,3 +218,34 @@ def test_two_critics_sharing_every_micro_batch_train_as_one_critic(tiny_model_di
                                rtol=1e-5, atol=1e-7)
     assert result["tokens"].tolist() == [figs[0]["critic/tokens"]] * UPDATES == [40.0] * UPDATES
     torch.testing.assert_close(result["values"], single.values(data.sequences), rtol=0, atol=3e-5)
+
+
+def reference_worker(model_dir: Path, k: int = 1):
+    """A reference in float64 whose micro-batches hold at most 40 tokens (the packed batch's 68 in 2)."""
+    from distrl.config import ReferenceConfig
+    from distrl.workers.training.reference import ReferenceWorker
+
+    reference = ReferenceWorker(ReferenceConfig(sequence_parallel_size=k, max_tokens_per_micro_batch=40),
+                                ModelConfig(path=str(model_dir)), TEMPERATURE)
+    reference.model.double()
+    return reference
+
+
+def scenario_references(rank: int, world: int, port: int, model_dir: Path, out: Path) -> dict:
+    """Two reference actors with sequence_parallel_size 2 (one group) scoring the same rows, as the loop gives them."""
+    reference = reference_worker(model_dir, k=2)
+    reference.connect("127.0.0.1", port, rank, world)
+    return {name: reference.logprobs(make())
+            for name, make in CASES.items()}
+
+
+def test_two_reference_actors_sharing_every_micro_batch_score_as_one(tiny_model_dir, tmp_path):
+    """`reference.sequence_parallel_size`: the KL term's log-probs of two reference actors that split every
+    micro-batch are one reference's, in float64, for the packed batch and the ragged one (a sequence across the
+    cut); each actor answers the whole part (the loop keeps one answer per group)."""
+    result = _spawn("test_ulysses:scenario_references", tiny_model_dir, tmp_path)
+    single = reference_worker(tiny_model_dir)
+    for name, make in CASES.items():
+        expected = single.logprobs(make())
+        assert result[name].shape == expected.shape and expected.abs().sum() > 0
+        torch.testing.assert_close(result[name], expected, rtol=1e-10, atol=1e-12, msg=name)

@@ -214,6 +214,9 @@ def _start(cfg: Config, backend: Backend, placements: dict, groups: list[ActorGr
         if critic is not None:  # the critics' own group: their gradients are summed apart from the policy's
             _connect(backend, critic, "critic", Critic.free_port, Critic.connect, c.call_timeout_s,
                      group_timeout_s(cfg))
+        if reference is not None and cfg.reference.sequence_parallel_size > 1:  # groups that split micro-batches
+            _connect(backend, reference, "reference", ReferenceWorker.free_port, ReferenceWorker.connect,
+                     c.call_timeout_s, group_timeout_s(cfg))
     if c.hybrid_mode:
         sync: WeightSync = HybridSync(hybrids, learner, rollout, cfg.rollout.dtype, c.sync_bucket_bytes,
                                       c.sync_timeout_s, c.verify_weights)

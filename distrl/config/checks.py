@@ -1,6 +1,6 @@
 """Checks that span sections, one function per concern, each given the sections it reads and returning its problems
 (one line each, naming every field involved): the critic's, hybrid mode's, `learner.lora`'s, tensor-parallel
-engines' and sequence-parallel learners'. `Config._cross_checks`
+engines' and sequence-parallel roles'. `Config._cross_checks`
 runs them with its own and reports all at once."""
 
 from __future__ import annotations
@@ -107,22 +107,37 @@ def lora_problems(learner: LearnerConfig, reference: ReferenceConfig, cluster: C
     return errors
 
 
-def sequence_parallel_problems(learner: LearnerConfig, critic: CriticConfig | None,
-                               cluster: ClusterConfig) -> list[str]:
-    """`learner.sequence_parallel_size` k (and the critic's): the learners form groups of k (a data-parallel x
-    sequence-parallel grid), which needs their process group (Ray actors) and a learner count that k divides. (The
-    heads k must divide are the model's: `distrl.preflight.model` checks them.)"""
-    roles = [("learner", learner, cluster.learner.num_actors)]
+def sequence_parallel_problems(learner: LearnerConfig, critic: CriticConfig | None, cluster: ClusterConfig,
+                               reference: ReferenceConfig | None = None) -> list[str]:
+    """`learner.sequence_parallel_size` k (and the critic's and the reference's; `reference` None: the run has no
+    reference model): the actors of the role form groups of k (a data-parallel x sequence-parallel grid), which needs
+    their process group (Ray actors) and an actor count that k divides. The reference's own actors split only when
+    they exist: with `learner.lora` the learners answer for it, and hybrid actors host one each. (The heads k must
+    divide are the model's: `distrl.preflight.model` checks them.)"""
+    roles: list[tuple[str, LearnerConfig | ReferenceConfig, int]] = [("learner", learner, cluster.learner.num_actors)]
     if critic is not None:
         roles.append(("critic", critic, cluster.critic.num_actors))
     errors = []
+    if reference is not None and reference.sequence_parallel_size > 1:
+        k = reference.sequence_parallel_size
+        if learner.lora is not None:
+            errors.append(f"reference.sequence_parallel_size {k} with learner.lora: the learners answer for the "
+                          f"reference (their base model, the adapters disabled), split by "
+                          f"learner.sequence_parallel_size; set reference.sequence_parallel_size 1")
+        elif cluster.hybrid_mode:
+            errors.append(f"reference.sequence_parallel_size {k} with cluster.colocate 'hybrid': each hybrid actor "
+                          f"hosts a reference of its own beside its learner and engine; set "
+                          f"reference.sequence_parallel_size 1")
+        else:
+            roles.append(("reference", reference, cluster.reference.num_actors))
     for role, section, actors in roles:
         k = section.sequence_parallel_size
+        actors_of = "reference actors" if role == "reference" else f"{role}s"
         if actors % k:
             errors.append(f"cluster.{role}.num_actors ({actors}) must be a multiple of {role}.sequence_parallel_size "
-                          f"({k}): the {role}s form data-parallel groups of {k} that share each micro-batch")
+                          f"({k}): the {actors_of} form data-parallel groups of {k} that share each micro-batch")
         if k > 1 and cluster.backend == "local":
-            errors.append(f"{role}.sequence_parallel_size {k} splits each micro-batch over the {role}s' process "
+            errors.append(f"{role}.sequence_parallel_size {k} splits each micro-batch over the {actors_of}' process "
                           f"group, which cluster.backend 'local' does not have; use cluster.backend 'ray'")
     return errors
 

@@ -216,3 +216,11 @@ class ReferenceConfig(Section):
     kernels: Kernels = "plain"
     """Kernels of the reference's forward pass: `plain`, `liger` or `compile`, as `learner.kernels`. Left out, it is
     `liger` when the reference has GPUs."""
+    sequence_parallel_size: int = Field(default=1, gt=0)
+    """Reference actors that share each micro-batch, as `learner.sequence_parallel_size` (Ulysses: each holds 1/k of
+    the packed row's tokens and attends with 1/k of the heads), for contexts whose forward pass one device cannot
+    hold. The reference actors form groups of k (`cluster.reference.num_actors` must be a multiple of it) joined in
+    a process group (`cluster.backend: ray`); the batch is split over `num_actors / k` groups. The reference model's
+    attention and key/value head counts must be multiples of it. With `learner.lora` the learners answer for the
+    reference (their base model, split by their own `sequence_parallel_size`), and hybrid actors host one reference
+    each beside their learner: both leave this at 1."""

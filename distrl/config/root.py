@@ -212,7 +212,8 @@ class Config(Section):
         errors += lora_problems(self.learner, self.reference, self.cluster, self.needs_ref_logprobs)
         errors += kernel_problems(self.cluster, self.learner, self.critic,
                                   self.reference if self.needs_reference else None)
-        errors += sequence_parallel_problems(self.learner, self.critic, self.cluster)
+        errors += sequence_parallel_problems(self.learner, self.critic, self.cluster,
+                                             self.reference if self.needs_ref_logprobs else None)
         errors += learner_batch_problems(self.learner, self.cluster, self.global_batch_size, self.mini_batch_size)
         if self.algorithm.old_logprobs == "rollout" and self.loss.correction is not None:
             errors.append("loss.correction needs algorithm.old_logprobs 'recompute': with 'rollout' the old and "

@@ -70,16 +70,16 @@ class Job:
 
 
 def data_groups(job: Job, role: str = "learner") -> int:
-    """The data-parallel groups of `role` ("learner" or "critic"): with its `sequence_parallel_size` k, each k
-    actors share every micro-batch of one part of the batch."""
-    group = job.roles.learner if role == "learner" else job.roles.critic
+    """The data-parallel groups of `role` ("learner", "critic" or "reference"): with its `sequence_parallel_size` k,
+    each k actors share every micro-batch of one part of the batch."""
+    group = {"learner": job.roles.learner, "critic": job.roles.critic, "reference": job.roles.reference}[role]
     assert group is not None
     return len(group) // sequence_parallel(job, role)
 
 
 def sequence_parallel(job: Job, role: str) -> int:
-    """k of `role`: `learner.sequence_parallel_size` or `critic.sequence_parallel_size`."""
-    section = job.cfg.learner if role == "learner" else job.cfg.critic
+    """k of `role`: `learner.sequence_parallel_size`, the critic's or the reference's."""
+    section = {"learner": job.cfg.learner, "critic": job.cfg.critic, "reference": job.cfg.reference}[role]
     assert section is not None
     return section.sequence_parallel_size
 
@@ -106,8 +106,8 @@ def start_reference(job: Job, sequences: Sequences) -> list[Any] | None:
         shards = sequences.split(min(data_groups(job), sequences.batch_size))
         return job.roles.learner.map_shards(Learner.ref_logprobs, to_learners(job, shards))
     job.reference_clock.start()
-    shards = sequences.split(min(len(job.roles.reference), sequences.batch_size))
-    return job.roles.reference.map_shards(ReferenceWorker.logprobs, shards)
+    shards = sequences.split(min(data_groups(job, "reference"), sequences.batch_size))
+    return job.roles.reference.map_shards(ReferenceWorker.logprobs, to_learners(job, shards, "reference"))
 
 
 def start_old_logprobs(job: Job, sequences: Sequences) -> list[Any] | None:
@@ -142,7 +142,8 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
         if ref:
             answering = job.roles.reference or job.roles.learner  # learner.lora: the learners' base model
             parts = job.producer.wait_for(ref, calls(answering, "reference log-probs", ref))
-            ref_logprobs = torch.cat(parts if job.roles.reference is not None else one_per_group(job, parts))
+            ref_logprobs = torch.cat(one_per_group(job, parts, "learner" if job.roles.reference is None
+                                                   else "reference"))
             if job.roles.reference is not None:
                 job.reference_clock.stop()
             elif not old:  # else the learners go on with the old log-probs, waited for next

@@ -20,7 +20,7 @@ PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek
 def check_model(cfg: Config, problems: list[str]):
     """Check the policy (config, context length, tokenizer) and the reference; returns the tokenizer if it loads."""
     m = cfg.model
-    tokenizer = None
+    tokenizer = hf_config = None
     if m.create_tiny_if_missing and not (Path(m.path) / "config.json").is_file():
         from distrl.workers.tiny_model import CONTEXT_LENGTH
 
@@ -41,8 +41,13 @@ def check_model(cfg: Config, problems: list[str]):
             problems += sequence_parallel_problems(hf_config, m.path, cfg.learner.sequence_parallel_size)
             if cfg.critic is not None and not cfg.critic.path:  # the value model is the policy's backbone
                 problems += sequence_parallel_problems(hf_config, m.path, cfg.critic.sequence_parallel_size, "critic")
+    k = cfg.reference.sequence_parallel_size if cfg.needs_reference else 1
     if cfg.needs_reference and cfg.reference.path:
-        _hf_config(cfg.reference.path, "reference.path", m.trust_remote_code, problems)
+        reference_config = _hf_config(cfg.reference.path, "reference.path", m.trust_remote_code, problems)
+        if reference_config is not None:
+            problems += sequence_parallel_problems(reference_config, cfg.reference.path, k, "reference")
+    elif k > 1 and hf_config is not None:  # the reference is the initial policy
+        problems += sequence_parallel_problems(hf_config, m.path, k, "reference")
     if cfg.critic is not None and cfg.critic.path:
         critic_config = _hf_config(cfg.critic.path, "critic.path", m.trust_remote_code, problems)
         if critic_config is not None:

@@ -211,7 +211,8 @@ class TestTwoRolloutActorsTwoLearners:
 # to end: KL in the reward (old-policy vs reference log-probs) with whitened Dr. GRPO advantages; bypass mode (vLLM's
 # log-probs as the old policy) with two mini-batches per step; GSPO with ICEPop on a bf16 engine (a real
 # rollout/trainer mismatch) with FSDP-sharded learners forming micro-batches by a token budget; a stop string (vLLM
-# then detokenizes while sampling); two FSDP learners sharing every micro-batch (sequence parallelism).
+# then detokenizes while sampling); two FSDP learners sharing every micro-batch (sequence parallelism), and two
+# reference actors sharing theirs.
 TOPOLOGIES = {
     "2x1-kl_in_reward": (2, 1, ["loss.kl.target=reward", "loss.kl.estimator=k1", "algorithm.advantage=dr_grpo",
                                 "algorithm.whitening=true", "learner.warmup_steps=0",
@@ -221,7 +222,9 @@ TOPOLOGIES = {
     "2x2-gspo-icepop-fsdp": (2, 2, ["loss.policy=gspo", "loss.correction.mode=icepop", "loss.correction.low=0.5",
                                     "rollout.dtype=bfloat16", "learner.strategy=fsdp",
                                     "learner.max_tokens_per_micro_batch=48"]),
-    "1x2-sequence_parallel-fsdp": (1, 2, ["learner.strategy=fsdp", "learner.sequence_parallel_size=2"]),
+    "1x2-sequence_parallel-fsdp": (1, 2, ["learner.strategy=fsdp", "learner.sequence_parallel_size=2",
+                                          "reference.sequence_parallel_size=2", "cluster.reference.num_actors=2",
+                                          "cluster.reference.num_cpus=0.25"]),
 }
 
 
@@ -261,6 +264,10 @@ def check_topology(cfg: Config, history: list[dict], tmp_path: Path) -> None:
         # first step has lr 0 as in transformers' schedules).
         assert abs(history[0]["kl/in_reward"]) < 1e-6 and abs(history[1]["kl/in_reward"]) > 1e-4
         assert history[1]["loss/kl"] == 0  # not also in the loss
+    if cfg.reference.sequence_parallel_size > 1:
+        # Step 1's one optimizer step starts from the reference: the KL to the split reference's log-probs is 0
+        # (rows out of order, or a slice scored twice, would show here).
+        assert abs(history[0]["kl/ref"]) < 1e-6
     if cfg.rollout.dtype == "bfloat16":  # against the fp32 learner: a mismatch the correction sees
         # (fp32 engines: |mismatch_kl| ~2e-8; bf16 ones: ~1e-4)
         assert max(abs(h["correction/mismatch_kl"]) for h in history) > 1e-6

@@ -173,11 +173,13 @@ def score_rows(score: Callable[[Sequences, Layout], torch.Tensor], batch: Sequen
 
 
 def score_in_micro_batches(model, batch: Sequences, temperature: float, micro_batch_size: int,
-                           max_tokens: int | None = None, device: str | torch.device | None = None) -> torch.Tensor:
+                           max_tokens: int | None = None, device: str | torch.device | None = None,
+                           split: SequenceSplit | None = None) -> torch.Tensor:
     """`response_logprobs` without gradients (`score_rows`) over micro-batches (`distrl.micro_batches.micro_batches`:
     by the token budget `max_tokens` when set, else `micro_batch_size` rows each), for `model` computing on `device`
-    (default: where its first parameter is): `[B, T]` float32 on CPU, 0 on padding, rows in the batch's order."""
+    (default: where its first parameter is): `[B, T]` float32 on CPU, 0 on padding, rows in the batch's order. With
+    `split`, this process's slice of each micro-batch (the k processes of its group score the same batch)."""
     batch = on_host(batch)
     groups = micro_batches(batch.attention_mask.numpy().sum(-1).tolist(), micro_batch_size, max_tokens)
     return score_rows(lambda micro, layout: response_logprobs(model, micro, temperature, layout=layout)[0], batch,
-                      groups, device or next(model.parameters()).device)
+                      groups, device or next(model.parameters()).device, split)
