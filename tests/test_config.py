@@ -120,6 +120,11 @@ BAD = [
      "rollout.tensor_parallel_size 2 with cluster.colocate 'hybrid'"),
     (["rollout.expert_parallel=true"], "rollout.expert_parallel spreads experts"),
     (["rollout.expert_parallel=true", "rollout.tensor_parallel_size=2"], "vLLM's CPU build crashes in its fused-MoE"),
+    (["rollout.routing_replay=true"], "rollout.routing_replay with engines on the CPU (cluster.rollout.num_gpus 0): "
+                                      "vLLM returns the routed experts only from its Model Runner V2, which needs "
+                                      "Triton"),
+    (["rollout.routing_replay=true", "cluster.rollout.num_gpus=1", "learner.sequence_parallel_size=2"],
+     "rollout.routing_replay with learner.sequence_parallel_size 2"),
     (["algorithm.old_logprobs=rollout", "rollout.sampling.top_p=0.9"], "rollout.sampling.top_p"),
     (["cluster.num_cpus=2", "cluster.learner.num_cpus=1.5"], "cluster.learner.num_actors x num_cpus"),
     (["loss.kl.cof=0.1"], "loss.kl.cof"),

@@ -336,3 +336,13 @@ def test_held_out_sets_are_read_and_their_rewards_resolved(tiny_model_dir, toy_d
     env = make_cfg(tiny_model_dir, toy_dataset, tmp_path, env={"class": "tests.agent_envs:Chatter"},
                    eval={"sets": [{"name": "e", "path": str(held), "reward": "distrl.workers.rewards:toy"}]})
     assert [p for p in problems(env) if "scored by the environment" in p]
+
+
+def test_routing_replay_needs_a_mixture_of_experts(tiny_model_dir, tiny_qwen3_moe_dir, toy_dataset, tmp_path):
+    def cfg(model_dir):  # engines on a GPU (this machine has none: the GPU count is a problem of its own)
+        return make_cfg(model_dir, toy_dataset, tmp_path, rollout={"routing_replay": True},
+                        cluster={"num_cpus": 8, "rollout": {"num_gpus": 1}})
+
+    assert (f"rollout.routing_replay: {tiny_model_dir} is not a mixture of experts (its config names no "
+            f"num_experts_per_tok): it has no routes to replay; set it false") in problems(cfg(tiny_model_dir))
+    assert not [p for p in problems(cfg(tiny_qwen3_moe_dir)) if "routing_replay" in p]

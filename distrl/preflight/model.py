@@ -39,6 +39,10 @@ def check_model(cfg: Config, problems: list[str]):
             problems += tensor_parallel_problems(hf_config, m.path, cfg.rollout.tensor_parallel_size,
                                                  cfg.rollout.expert_parallel)
             problems += sequence_parallel_problems(hf_config, m.path, cfg.learner.sequence_parallel_size)
+            text = getattr(hf_config, "text_config", None) or hf_config
+            if cfg.rollout.routing_replay and not getattr(text, "num_experts_per_tok", None):
+                problems.append(f"rollout.routing_replay: {m.path} is not a mixture of experts (its config names "
+                                f"no num_experts_per_tok): it has no routes to replay; set it false")
             if cfg.critic is not None and not cfg.critic.path:  # the value model is the policy's backbone
                 problems += sequence_parallel_problems(hf_config, m.path, cfg.critic.sequence_parallel_size, "critic")
     if cfg.needs_reference and cfg.reference.path:
