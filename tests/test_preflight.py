@@ -346,3 +346,16 @@ def test_routing_replay_needs_a_mixture_of_experts(tiny_model_dir, tiny_qwen3_mo
     assert (f"rollout.routing_replay: {tiny_model_dir} is not a mixture of experts (its config names no "
             f"num_experts_per_tok): it has no routes to replay; set it false") in problems(cfg(tiny_model_dir))
     assert not [p for p in problems(cfg(tiny_qwen3_moe_dir)) if "routing_replay" in p]
+
+
+def test_lora_on_a_mixture_of_experts_adapts_its_attention(tiny_qwen3_moe_dir, toy_dataset, tmp_path):
+    def cfg(**lora):
+        return make_cfg(tiny_qwen3_moe_dir, toy_dataset, tmp_path, learner={"lora": lora})
+
+    assert problems(cfg()) == [
+        f"learner.lora.target_modules ['gate_proj', 'up_proj', 'down_proj']: {tiny_qwen3_moe_dir} is a mixture of "
+        f"experts with no dense layer: transformers holds its experts' projections fused, as parameters, not as the "
+        f"Linear modules that target_modules adapts (peft reaches them only through target_parameters, whose "
+        f"adapters distrl neither pushes into vLLM nor checks there); adapt the attention projections (q_proj, "
+        f"k_proj, v_proj, o_proj)"]
+    check(cfg(target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))

@@ -39,10 +39,7 @@ def check_model(cfg: Config, problems: list[str]):
             problems += tensor_parallel_problems(hf_config, m.path, cfg.rollout.tensor_parallel_size,
                                                  cfg.rollout.expert_parallel)
             problems += sequence_parallel_problems(hf_config, m.path, cfg.learner.sequence_parallel_size)
-            text = getattr(hf_config, "text_config", None) or hf_config
-            if cfg.rollout.routing_replay and not getattr(text, "num_experts_per_tok", None):
-                problems.append(f"rollout.routing_replay: {m.path} is not a mixture of experts (its config names "
-                                f"no num_experts_per_tok): it has no routes to replay; set it false")
+            problems += mixture_of_experts_problems(cfg, hf_config, m.path)
             if cfg.critic is not None and not cfg.critic.path:  # the value model is the policy's backbone
                 problems += sequence_parallel_problems(hf_config, m.path, cfg.critic.sequence_parallel_size, "critic")
     if cfg.needs_reference and cfg.reference.path:
@@ -53,6 +50,29 @@ def check_model(cfg: Config, problems: list[str]):
             problems += sequence_parallel_problems(critic_config, cfg.critic.path, cfg.critic.sequence_parallel_size,
                                                    "critic")
     return tokenizer
+
+
+def mixture_of_experts_problems(cfg: Config, hf_config, path: str) -> list[str]:
+    """What routing replay and LoRA need of the policy: replay a mixture of experts (routes to replay), adapters on
+    projections it has as modules (transformers holds every sparse layer's experts fused, as parameters: when no layer
+    is dense, there is no MLP projection to adapt; `distrl.workers.training.lora.EXPERTS_FUSED`)."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    sparse = bool(getattr(text, "num_experts_per_tok", None))
+    problems = []
+    if cfg.rollout.routing_replay and not sparse:
+        problems.append(f"rollout.routing_replay: {path} is not a mixture of experts (its config names no "
+                        f"num_experts_per_tok): it has no routes to replay; set it false")
+    every_layer_sparse = sparse and not getattr(text, "mlp_only_layers", None) and not getattr(
+        text, "first_k_dense_replace", None) and getattr(text, "decoder_sparse_step", 1) in (None, 1)
+    experts = [name for name in ("gate_proj", "up_proj", "down_proj")
+               if cfg.learner.lora is not None and name in cfg.learner.lora.target_modules]
+    if every_layer_sparse and experts:
+        problems.append(f"learner.lora.target_modules {experts}: {path} is a mixture of experts with no dense layer: "
+                        f"transformers holds its experts' projections fused, as parameters, not as the Linear modules "
+                        f"that target_modules adapts (peft reaches them only through target_parameters, whose "
+                        f"adapters distrl neither pushes into vLLM nor checks there); adapt the attention "
+                        f"projections (q_proj, k_proj, v_proj, o_proj)")
+    return problems
 
 
 def tensor_parallel_problems(hf_config, path: str, k: int, expert_parallel: bool) -> list[str]:
