@@ -3,11 +3,11 @@ replay's routes weigh per token.
 
     PYTHONPATH=. .venv/bin/python bench/bench_push_moe.py [--hidden 512] [--layers 8] [--pushes 5]
 
-Two random Qwen3-MoE models of the same parameter count, built here: the MoE one with every layer's MLP 8 experts of
-intermediate size hidden / 2 (2 per token: distrl's tiny MoE, `make_tiny_model(arch="qwen3_moe")`), the dense one
-the same model with every layer's MLP dense (`mlp_only_layers`: all) of intermediate size 4 * hidden, the experts'
-total (3 * hidden * 4 * hidden parameters a layer either way; the MoE adds its routers, 8 * hidden a layer). Each is
-pushed (`WeightSync.push`: the learner's buckets into the object store, the engine's streamed reload, the
+Two random models of the same parameter count, built here: a Qwen3-MoE with every layer's MLP 8 experts of
+intermediate size hidden / 2 (2 per token: distrl's tiny MoE, `make_tiny_model(arch="qwen3_moe")`), and its dense
+twin, a Qwen3 of the same attention, norms and embeddings whose every MLP has the experts' total intermediate size,
+4 * hidden (3 * hidden * 4 * hidden parameters a layer either way; the MoE adds its routers, 8 * hidden a layer).
+Each is pushed (`WeightSync.push`: the learner's buckets into the object store, the engine's streamed reload, the
 fingerprint check of every tensor, the router and each expert included) from one learner into one engine of one
 worker (vLLM's CPU build, float32) on an embedded Ray cluster (`bench_push_tp.layout`); median of `--pushes` pushes
 after a warm-up push. Then the routes' size: layers x experts per token x bytes per index (uint8 up to 256 experts,
@@ -37,15 +37,20 @@ def route_bytes(layers: int, top_k: int, experts: int) -> int:
 
 
 def dense_twin(moe_dir: Path, out: Path) -> Path:
-    """The model of `moe_dir` with every layer's MLP dense, of the experts' total intermediate size, random."""
+    """A random dense Qwen3 of the same shape as the Qwen3-MoE of `moe_dir` (attention, norms, embeddings) whose every
+    MLP is one of the experts' total intermediate size. (vLLM's Qwen3-MoE needs a sparse layer: a Qwen3-MoE whose
+    every layer is dense does not load.)"""
     import torch
-    from transformers import AutoConfig, Qwen3MoeForCausalLM
+    from transformers import AutoConfig, Qwen3Config, Qwen3ForCausalLM
 
-    config = AutoConfig.from_pretrained(moe_dir)
-    config.intermediate_size = config.num_experts * config.moe_intermediate_size
-    config.mlp_only_layers = list(range(config.num_hidden_layers))
+    moe = AutoConfig.from_pretrained(moe_dir)
+    keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "max_position_embeddings", "rms_norm_eps", "rope_parameters", "tie_word_embeddings", "bos_token_id",
+            "eos_token_id", "pad_token_id")
+    config = Qwen3Config(**{k: getattr(moe, k) for k in keep if hasattr(moe, k)},
+                         intermediate_size=moe.num_experts * moe.moe_intermediate_size, dtype="float32")
     torch.manual_seed(0)
-    Qwen3MoeForCausalLM(config).save_pretrained(out)
+    Qwen3ForCausalLM(config).save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (moe_dir / name).exists():
             shutil.copy(moe_dir / name, out / name)

