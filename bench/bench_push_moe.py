@@ -10,8 +10,9 @@ twin, a Qwen3 of the same attention, norms and embeddings whose every MLP has th
 Each is pushed (`WeightSync.push`: the learner's buckets into the object store, the engine's streamed reload, the
 fingerprint check of every tensor, the router and each expert included) from one learner into one engine of one
 worker (vLLM's CPU build, float32) on an embedded Ray cluster (`bench_push_tp.layout`); median of `--pushes` pushes
-after a warm-up push. Then the routes' size: layers x experts per token x bytes per index (uint8 up to 256 experts,
-else 16 bits, vLLM's own), per token and per sample, for the tiny model and the models the issue names.
+after a warm-up push, with the check and without it (`cluster.verify_weights`). Then the routes' size: layers x
+experts per token x bytes per index (uint8 up to 256 experts, else 16 bits, vLLM's own), per token and per sample,
+for the tiny model and the models the issue names.
 """
 
 from __future__ import annotations
@@ -94,12 +95,16 @@ def main() -> None:
             seconds = {}
             for name, model in (("MoE  ", moe), ("dense", dense)):
                 count, tensors = parameters(model)
-                r = layout(model, Path(work) / f"run-{name.strip()}", 1, 1, args.pushes, args.bucket_mb)
-                seconds[name] = r["seconds"]
-                print(f"{name}: {count / 1e6:.2f} M parameters in {tensors} tensors (the learner's: experts fused); "
-                      f"push {r['seconds']:.3f} s (model {r['total'] / mib:.1f} MiB, buckets of {args.bucket_mb} "
-                      f"MiB)", flush=True)
-            print(f"push MoE / dense: {seconds['MoE  '] / seconds['dense']:.2f}x")
+                for verify in (True, False):
+                    r = layout(model, Path(work) / f"run-{name.strip()}-{verify}", 1, 1, args.pushes, args.bucket_mb,
+                               (f"cluster.verify_weights={str(verify).lower()}",))
+                    seconds[name, verify] = r["seconds"]
+                    print(f"{name}: {count / 1e6:.2f} M parameters in {tensors} checkpoint tensors; push "
+                          f"{'with' if verify else 'without'} its check {r['seconds']:.3f} s (model "
+                          f"{r['total'] / mib:.1f} MiB, buckets of {args.bucket_mb} MiB)", flush=True)
+            for verify in (True, False):
+                print(f"push {'with' if verify else 'without'} the check, MoE / dense: "
+                      f"{seconds['MoE  ', verify] / seconds['dense', verify]:.2f}x")
     tokens = 32768
     print(f"routes per token (layers x experts per token x bytes), and per sample of {tokens} tokens:")
     for name, layers, top_k, experts in [(f"tiny Qwen3-MoE ({args.layers} layers)", args.layers, EXPERTS_PER_TOKEN,
