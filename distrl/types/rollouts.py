@@ -1,5 +1,6 @@
 """What engines produce and rewards score, one entry a sample, in ragged per-sample lists: `Rollouts` (with each
-sample's `Episode`) and `ScoredRollouts`. Plain Python (no torch): they cross from rollout actors to the driver.
+sample's `Episode`) and `ScoredRollouts`. Plain Python (no torch; a sample's routes are the numpy array vLLM returns):
+they cross from rollout actors to the driver.
 
 Every sampled token carries the version of the weights that sampled it (`token_versions`): a batch may mix
 versions (asynchronous mode), and so may one multi-turn episode, whose engine can switch weights between its turns.
