@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def layout(model: Path, out: Path, tp: int, learners: int, pushes: int, bucket_mb: int) -> dict:
+def layout(model: Path, out: Path, tp: int, learners: int, pushes: int, bucket_mb: int,
+           overrides: tuple[str, ...] = ()) -> dict:
     import ray
 
     from distrl import config
@@ -41,7 +42,7 @@ def layout(model: Path, out: Path, tp: int, learners: int, pushes: int, bucket_m
         f"cluster.learner.num_actors={learners}", "cluster.reference.num_actors=1", "loss.kl.coef=0",
         f"learner.strategy.type={'fsdp' if learners > 1 else 'replicate'}", "learner.micro_batch_size=8",
         f"learner.mini_batch_size={8 * learners}", f"cluster.sync_bucket_bytes={bucket_mb * 2**20}",
-        f"run.name=push-tp{tp}-l{learners}"])
+        f"run.name=push-tp{tp}-l{learners}", *overrides])
     backend = connect(cfg.cluster)
     try:
         with started_roles(cfg, backend) as roles:

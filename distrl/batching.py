@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+import numpy as np
 import torch
 
 from distrl.algo import (
@@ -32,7 +33,8 @@ from distrl.types.rollouts import Rollouts
 
 def pad(rollouts: Rollouts, pad_id: int) -> Sequences:
     """Left-pad prompts to P, right-pad responses to T (at least 1); the response mask is the samples' loss mask
-    (observation tokens of multi-turn episodes are inputs, not trained on)."""
+    (observation tokens of multi-turn episodes are inputs, not trained on); routes, when the engine gave some, in
+    the same columns (`padded_routes`)."""
     b = len(rollouts)
     p = max(len(ids) for ids in rollouts.prompt_ids)
     t = max(1, *(len(ids) for ids in rollouts.response_ids))
@@ -52,10 +54,32 @@ def pad(rollouts: Rollouts, pad_id: int) -> Sequences:
             response_mask[i, :n] = torch.tensor(mask, dtype=torch.float32)
             rollout_logprobs[i, :n] = torch.tensor(lps)
             response_versions[i, :n] = torch.tensor(versions)
+    routes, routed = padded_routes(rollouts, p, t)
     return Sequences(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
                      rollout_logprobs=rollout_logprobs,
                      policy_version=torch.tensor(rollouts.policy_version, dtype=torch.long),
-                     response_versions=response_versions)
+                     response_versions=response_versions, routes=routes, routed=routed)
+
+
+def padded_routes(rollouts: Rollouts, p: int, t: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The samples' routes in the padded columns (`Sequences.routes` `[B, P+T, L, k]`, uint8, or int16 for more
+    than 256 experts, and `Sequences.routed` `[B, P+T]`), sample i's n_i routes from its first real column on; (None,
+    None) when no sample has routes. A sample without routes (an agent's call the engine gave none) is all
+    unrouted: its routers choose their own experts, as they do for each sample's tokens past its n_i."""
+    given = [(i, r) for i, r in enumerate(rollouts.routes) if r is not None]
+    if not given:
+        return None, None
+    shapes = {r.shape[1:] for _, r in given}
+    if len(shapes) > 1:
+        raise ValueError(f"Rollouts.routes: samples of different [layers, k] shapes {sorted(shapes)}")
+    wide = any(r.dtype.itemsize > 1 for _, r in given)
+    routes = torch.zeros((len(rollouts), p + t, *shapes.pop()), dtype=torch.int16 if wide else torch.uint8)
+    routed = torch.zeros((len(rollouts), p + t), dtype=torch.bool)
+    for i, r in given:
+        first = p - len(rollouts.prompt_ids[i])
+        routes[i, first:first + len(r)] = torch.from_numpy(r.astype(np.int16 if wide else np.uint8))
+        routed[i, first:first + len(r)] = True
+    return routes, routed
 
 
 def kl_penalty(response_mask: torch.Tensor, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,

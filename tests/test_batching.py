@@ -3,6 +3,7 @@ the stage types' row operations."""
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -331,3 +332,26 @@ def test_the_covariance_selection_is_each_mini_batch_s_own_and_travels_with_the_
     for shard, index in zip(batch.shard(2, 1, rows), rows, strict=True):
         assert torch.equal(shard.cov_selected, batch.cov_selected[index])
     assert torch.equal(TrainBatch.concat(batch.split(2)).cov_selected, batch.cov_selected)
+
+
+def test_routes_are_padded_into_the_columns_of_their_tokens():
+    r = rollouts()
+    # Sample 0: prompt 5 6, response 11: the engine routed 5 and 6 (not the last token), 2 layers of top-1 each.
+    # Sample 1 has none (an agent's call without routes); samples 2 and 3 are routed by 300 experts (uint16).
+    routes = [np.array([[[1], [2]], [[3], [4]]], dtype=np.uint8), None,
+              np.array([[[299], [0]], [[7], [8]]], dtype=np.uint16), np.zeros((4, 2, 1), dtype=np.uint16)]
+    s = pad(dataclasses.replace(r, routes=routes).validate(), PAD)
+    assert s.routes is not None and s.routed is not None
+    assert s.routes.shape == (4, 6, 2, 1) and s.routes.dtype == torch.int16  # one sample of > 256 experts: 16 bits
+    # Columns: prompt left-padded to P = 3 (sample 0's 5 6 in columns 1, 2), responses from column 3.
+    assert s.routes[0, :, :, 0].tolist() == [[0, 0], [1, 2], [3, 4], [0, 0], [0, 0], [0, 0]]
+    assert s.routed.tolist() == [[False, True, True, False, False, False], [False] * 6,
+                                 [True, True, False, False, False, False], [True, True, True, True, False, False]]
+    assert s.routes[2, 0, 0, 0] == 299
+    assert pad(r, PAD).routes is None  # no routes: none in the batch (replay off)
+    with pytest.raises(ValueError, match="routes of shape"):
+        dataclasses.replace(r, routes=[np.zeros((4, 2, 1), dtype=np.uint8), None, None, None]).validate()
+    both = Sequences.concat([s, s])
+    assert both.routes is not None and both.routes.shape == (8, 6, 2, 1)
+    with pytest.raises(ValueError, match="routes are set on some parts"):
+        Sequences.concat([s, pad(r, PAD)])

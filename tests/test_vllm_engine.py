@@ -37,3 +37,8 @@ def test_lora_a_gpu_and_a_hybrid_actor(tmp_path):
     assert (a["enable_lora"], a["max_lora_rank"], a["max_loras"]) == (True, 16, 1)
     assert (a["gpu_memory_utilization"], a["enable_sleep_mode"]) == (RolloutConfig().gpu_memory_utilization, True)
     assert a["distributed_executor_backend"] == "external_launcher" and "kv_cache_memory_bytes" not in a
+
+
+def test_routing_replay_asks_the_engine_for_the_routed_experts(tmp_path):
+    assert args(tmp_path, rollout={"routing_replay": True}, on_gpu=True)["enable_return_routed_experts"]
+    assert "enable_return_routed_experts" not in args(tmp_path, on_gpu=True)

@@ -75,7 +75,7 @@ def as_rollouts(episodes: list[list[EpisodeResult]], groups: list[int], n: int, 
         for result in sequences:
             traj = result.trajectory
             out.add(list(traj.prompt_ids), traj.response_ids, traj.logprobs, traj.mask, traj.versions, result.text,
-                    result.finish_reason, groups[i // n], result.episode, version)
+                    result.finish_reason, groups[i // n], result.episode, version, traj.routes)
     return out.validate()
 
 

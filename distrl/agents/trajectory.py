@@ -7,7 +7,7 @@ and what samples it (`TurnSampler`), the episode's limits (`Budget`), its token-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from distrl.config import EnvConfig
 from distrl.types.rollouts import Episode
@@ -16,8 +16,10 @@ from distrl.types.rollouts import Episode
 @dataclass(frozen=True)
 class Sampled:
     """One turn as the engine produced it: the prompt ids it echoed, the sampled ids with their log-probs and the
-    policy version of the weights that sampled each, the decoded text, why it stopped ("stop" or "length") and
-    its share of the engine's time."""
+    policy version of the weights that sampled each, the decoded text, why it stopped ("stop" or "length"), its
+    share of the engine's time, and with `rollout.routing_replay` the experts every token it fed through the model
+    was routed to (`routes` `[n, L, k]`, numpy: the prompt's tokens and the sampled ones but the last, as vLLM
+    returns them; else None)."""
 
     prompt_ids: list[int]
     token_ids: list[int]
@@ -26,6 +28,7 @@ class Sampled:
     text: str
     finish_reason: str
     engine_s: float = 0.0
+    routes: Any = None
 
 
 class TurnSampler(Protocol):
@@ -57,19 +60,27 @@ class Budget:
 
 @dataclass
 class Trajectory:
-    """The episode's ids as they grow: the prompt, then model turns (trained) and observations (given)."""
+    """The episode's ids as they grow: the prompt, then model turns (trained) and observations (given); `routes`:
+    the experts its first tokens were routed to (`Rollouts.routes`), or None."""
 
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routes: Any = None
 
     @property
     def ids(self) -> list[int]:
         return [*self.prompt_ids, *self.response_ids]
 
     def add_turn(self, turn: Sampled) -> None:
+        # A turn given the whole trajectory returns the routes of all of it (every earlier turn's and observation's
+        # tokens, as the engine routed them: a cached prefix keeps the routes it was computed with) and of its own
+        # tokens but the last: they replace the shorter ones of the turns before. A turn that was given other ids
+        # (drift) has routes of other tokens, and the earlier ones stay.
+        if turn.routes is not None and turn.prompt_ids == self.ids:
+            self.routes = turn.routes
         self.response_ids += turn.token_ids
         self.logprobs += turn.logprobs
         self.mask += [1] * len(turn.token_ids)

@@ -87,6 +87,25 @@ def tensor_parallel_problems(rollout: RolloutConfig, cluster: ClusterConfig) -> 
     return errors
 
 
+def routing_replay_problems(rollout: RolloutConfig, learner: LearnerConfig, cluster: ClusterConfig) -> list[str]:
+    """What `rollout.routing_replay` needs: engines that return routes (on GPUs), and learners that keep each
+    micro-batch's tokens whole."""
+    if not rollout.routing_replay:
+        return []
+    errors = []
+    gpus = cluster.learner.num_gpus if cluster.hybrid_mode else cluster.rollout.num_gpus
+    if gpus == 0:
+        field = "cluster.learner.num_gpus" if cluster.hybrid_mode else "cluster.rollout.num_gpus"
+        errors.append(f"rollout.routing_replay with engines on the CPU ({field} 0): vLLM returns the routed "
+                      f"experts only from its Model Runner V2, which needs Triton, and its CPU build has neither; "
+                      f"replay routes with engines on GPUs, or set it false")
+    if learner.sequence_parallel_size > 1:
+        errors.append(f"rollout.routing_replay with learner.sequence_parallel_size {learner.sequence_parallel_size}: "
+                      f"a sequence-parallel learner's slice of a micro-batch carries no routes; set one of them "
+                      f"back")
+    return errors
+
+
 def lora_problems(learner: LearnerConfig, reference: ReferenceConfig, cluster: ClusterConfig,
                   needs_ref_logprobs: bool) -> list[str]:
     """What `learner.lora` cannot be combined with, and why."""

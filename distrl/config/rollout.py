@@ -50,6 +50,14 @@ class RolloutConfig(Section):
     """Mixture-of-experts policies: spread whole experts over the engine's k workers (vLLM's expert parallelism)
     instead of cutting every expert k ways. Needs tensor_parallel_size > 1 and engines on GPUs (vLLM's CPU build
     crashes in its fused-MoE kernel with it)."""
+    routing_replay: bool = False
+    """Rollout routing replay (R3) for mixture-of-experts policies: the engines return the experts each MoE layer
+    routed every token to (vLLM's `enable_return_routed_experts`, 1 byte per layer and expert slot up to 256
+    experts), carried with the samples to the learners and the reference, whose forward passes then route each
+    token to those experts, weighted by the current router's softmax over them (the routers still learn). Removes
+    the largest source of rollout/trainer mismatch of a MoE. Needs engines on GPUs (vLLM returns routes only from
+    its Model Runner V2, which needs Triton) and a MoE model; tokens the engine gave no route (a sample's last token)
+    are routed by the learner's own routers."""
     gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
     """Fraction of GPU memory vLLM may take (GPU only)."""
     kv_cache_bytes: int = Field(default=128 * 2**20, gt=0)

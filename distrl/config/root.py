@@ -16,6 +16,7 @@ from distrl.config.checks import (
     hybrid_problems,
     learner_batch_problems,
     lora_problems,
+    routing_replay_problems,
     sequence_parallel_problems,
     tensor_parallel_problems,
 )
@@ -225,6 +226,7 @@ class Config(Section):
                           f"+ rollout.sampling.max_new_tokens "
                           f"({self.data.max_prompt_tokens + self.rollout.sampling.max_new_tokens})")
         errors += tensor_parallel_problems(self.rollout, self.cluster)
+        errors += routing_replay_problems(self.rollout, self.learner, self.cluster)
         s = self.rollout.sampling
         if self.algorithm.old_logprobs == "rollout" and (s.top_p < 1.0 or s.top_k > 0):
             errors.append("algorithm.old_logprobs 'rollout' with rollout.sampling.top_p < 1 or "

@@ -32,6 +32,7 @@ from distrl.loop.phases import (
     finish_update,
     start_old_logprobs,
     start_reference,
+    start_unreplayed_logprobs,
     start_update,
     start_values,
 )
@@ -63,7 +64,7 @@ def train_async(job: Job, steps) -> None:
         if update is not None:
             push = finish(job, update, push)
         batch, metrics = complete_batch(job, scored, sequences, ref, start_old_logprobs(job, sequences),
-                                        start_values(job, sequences), step)
+                                        start_values(job, sequences), step, start_unreplayed_logprobs(job, sequences))
         update = InFlight(step, start_update(job, batch), batch, scored, produced, metrics)
     if update is not None:
         push = finish(job, update, push)

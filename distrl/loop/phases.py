@@ -9,7 +9,7 @@ overlaps. `Job` is what they work on. The floor below the loops: this module imp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from distrl import checkpoint, merging
-from distrl.algo import metrics_by_staleness
+from distrl.algo import metrics_by_staleness, mismatch_metrics
 from distrl.batching import advantages, gae_advantages, select_by_covariance
 from distrl.cluster import rewards
 from distrl.cluster.batch_stats import BatchStats, staleness_metrics
@@ -121,6 +121,27 @@ def start_old_logprobs(job: Job, sequences: Sequences) -> list[Any] | None:
     return job.roles.learner.map_shards(Learner.logprobs, to_learners(job, shards))
 
 
+def start_unreplayed_logprobs(job: Job, sequences: Sequences) -> list[Any] | None:
+    """With routing replay (the batch carries routes), the learners' log-probs of the batch before the update with
+    each router choosing its own experts, as without replay: the mismatch replay leaves against the one it removes
+    (`mismatch_figures`). One more forward pass without gradient per step; None without routes, and in bypass mode
+    (no learner log-probs to compare with)."""
+    if sequences.routes is None or job.cfg.algorithm.old_logprobs == "rollout":
+        return None
+    job.learner_clock.start()
+    plain = replace(sequences, routes=None, routed=None)
+    shards = plain.split(min(data_groups(job), plain.batch_size))
+    return job.roles.learner.map_shards(Learner.logprobs, to_learners(job, shards))
+
+
+def mismatch_figures(sequences: Sequences, logprobs: torch.Tensor, replay: str) -> dict[str, float]:
+    """`correction/mismatch_{kl,k3}/<replay>`: the rollout/trainer mismatch (`mismatch_metrics`) of the learners'
+    log-probs `[B, T]` of the batch before the update, with the engine's routes replayed (`replay` "replayed") or
+    without them ("unreplayed")."""
+    return {f"correction/{key}/{replay}": float(value) for key, value in
+            mismatch_metrics(logprobs, sequences.rollout_logprobs, sequences.response_mask).items()}
+
+
 def start_values(job: Job, sequences: Sequences) -> list[Any] | None:
     """The critic's values before the update (GAE's V), row shards spread evenly over the critics (None without a
     critic)."""
@@ -131,10 +152,12 @@ def start_values(job: Job, sequences: Sequences) -> list[Any] | None:
 
 
 def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: list[Any] | None,
-                   old: list[Any] | None, values: list[Any] | None, step: int) -> tuple[TrainBatch, dict[str, float]]:
+                   old: list[Any] | None, values: list[Any] | None, step: int, unreplayed: list[Any] | None = None,
+                   ) -> tuple[TrainBatch, dict[str, float]]:
     """Wait for the reference and old log-probs and the critic's values (the engines keep generating meanwhile),
     compute advantages (and, for Clip-Cov and KL-Cov, their tokens over each mini-batch): the complete `TrainBatch`
-    of `step`, and its advantage, staleness and per-staleness correction metrics. `time/reference`,
+    of `step`, and its advantage, staleness and per-staleness correction metrics (and with `unreplayed`, the old
+    log-probs without routes: `start_unreplayed_logprobs`, the split of the mismatch). `time/reference`,
     `time/old_logprobs` and `time/values` are the waits for each in turn."""
     cfg = job.cfg
     ref_logprobs: torch.Tensor | None = None
@@ -148,14 +171,8 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
                 job.reference_clock.stop()
             elif not old:  # else the learners go on with the old log-probs, waited for next
                 job.learner_clock.stop()
-    old_logprobs: torch.Tensor | None = None  # taken by the update from its own forward pass
     with job.timer("old_logprobs"):
-        if old:
-            old_parts = job.producer.wait_for(old, calls(job.roles.learner, "old log-probs", old))
-            job.learner_clock.stop()
-            old_logprobs = torch.cat(one_per_group(job, old_parts))
-        elif cfg.algorithm.old_logprobs == "rollout":
-            old_logprobs = sequences.rollout_logprobs
+        old_logprobs, replay = wait_old_logprobs(job, sequences, old, unreplayed)
     old_values: torch.Tensor | None = None
     if values:
         with job.timer("values"):
@@ -174,6 +191,7 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
         metrics.update(staleness_metrics(scored.rollouts.policy_version, step))
         if old_logprobs is not None:
             metrics.update(correction_by_staleness(job, sequences, old_logprobs, step))
+        metrics.update(replay)
         cov_selected = None
         if isinstance(cfg.loss.policy, ClipCovConfig | KLCovConfig):  # old log-probs are scored before for these
             assert old_logprobs is not None
@@ -182,6 +200,28 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
                                                 cfg.mini_batches, seed=cfg.run.seed * 1_000_003 + step)
     return TrainBatch(sequences, old_logprobs=old_logprobs, advantages=adv, ref_logprobs=ref_logprobs,
                       old_values=old_values, returns=returns, cov_selected=cov_selected), metrics
+
+
+def wait_old_logprobs(job: Job, sequences: Sequences, old: list[Any] | None, unreplayed: list[Any] | None,
+                      ) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The old log-probs `[B, T]` of `start_old_logprobs` (the sampler's in bypass mode; None when the update takes
+    them from its own forward pass), and with routing replay the mismatch with the routes replayed and without
+    (`mismatch_figures`; those of `start_unreplayed_logprobs`)."""
+    old_logprobs: torch.Tensor | None = None
+    replay: dict[str, float] = {}
+    if old:
+        old_logprobs = torch.cat(one_per_group(job, job.producer.wait_for(old, calls(job.roles.learner,
+                                                                                     "old log-probs", old))))
+        if sequences.routes is not None:
+            replay.update(mismatch_figures(sequences, old_logprobs, "replayed"))
+    elif job.cfg.algorithm.old_logprobs == "rollout":
+        old_logprobs = sequences.rollout_logprobs
+    if unreplayed:
+        plain = job.producer.wait_for(unreplayed, calls(job.roles.learner, "log-probs without routes", unreplayed))
+        replay.update(mismatch_figures(sequences, torch.cat(one_per_group(job, plain)), "unreplayed"))
+    if old or unreplayed:
+        job.learner_clock.stop()
+    return old_logprobs, replay
 
 
 def correction_by_staleness(job: Job, sequences: Sequences, old_logprobs: torch.Tensor, step: int,
@@ -242,6 +282,8 @@ def finish_update(job: Job, handles: Updating, batch: TrainBatch, step: int) -> 
             job.roles.learner.map(Learner.proximal_logprobs), "the learners' proximal log-probs",
             job.cfg.cluster.call_timeout_s)), handles.learner_rows)
         metrics.update(correction_by_staleness(job, batch.sequences, old, step))
+        if batch.sequences.routes is not None:
+            metrics.update(mismatch_figures(batch.sequences, old, "replayed"))
     return metrics
 
 

@@ -15,6 +15,7 @@ from distrl.loop.phases import (
     finish_update,
     start_old_logprobs,
     start_reference,
+    start_unreplayed_logprobs,
     start_update,
     start_values,
 )
@@ -28,7 +29,8 @@ def train_sync(job: Job, steps) -> None:
             scored, produced = job.producer.next_batch(step)
         sequences = pad(scored.rollouts, job.pad_id)
         batch, metrics = complete_batch(job, scored, sequences, start_reference(job, sequences),
-                                        start_old_logprobs(job, sequences), start_values(job, sequences), step)
+                                        start_old_logprobs(job, sequences), start_values(job, sequences), step,
+                                        start_unreplayed_logprobs(job, sequences))
         with timer("update"):
             metrics.update(finish_update(job, start_update(job, batch), batch, step))
         with timer("sync"):

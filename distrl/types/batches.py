@@ -77,6 +77,12 @@ class Sequences:
     rollout_logprobs  [B, T]   float  the sampler's log-probs of the sampled tokens (0 on padding and observations)
     policy_version    [B]      long   the oldest version of the weights among each sample's trained tokens
     response_versions [B, T]   long   version of the weights that sampled each response token (0 on padding)
+    routes            [B, P+T, L, k]  uint8 or int16  rollout routing replay: the k experts each of the L MoE layers
+                                      of the engine routed each token to, in the columns of `input_ids`; None
+                                      without routes (every router then chooses its own)
+    routed            [B, P+T] bool   the tokens `routes` holds (padding, a sample's last token and tokens the
+                                      engine gave no route are False: their routers choose their own); None
+                                      without routes
     """
 
     input_ids: torch.Tensor
@@ -85,6 +91,8 @@ class Sequences:
     rollout_logprobs: torch.Tensor
     policy_version: torch.Tensor
     response_versions: torch.Tensor
+    routes: torch.Tensor | None = None
+    routed: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -115,6 +123,14 @@ class Sequences:
                 raise ValueError(f"Sequences.{name} is {tuple(getattr(self, name).shape)}, expected {(b, t)}")
         if tuple(self.policy_version.shape) != (b,):
             raise ValueError(f"Sequences.policy_version is {tuple(self.policy_version.shape)}, expected {(b,)}")
+        if (self.routes is None) != (self.routed is None):
+            raise ValueError("Sequences: routes and routed come together, or neither")
+        if self.routes is not None and self.routed is not None:
+            if self.routes.dim() != 4 or tuple(self.routes.shape[:2]) != (b, s):
+                raise ValueError(f"Sequences.routes is {tuple(self.routes.shape)}, expected {(b, s)} + (layers, k)")
+            if tuple(self.routed.shape) != (b, s) or self.routed.dtype != torch.bool:
+                raise ValueError(f"Sequences.routed is {tuple(self.routed.shape)} {self.routed.dtype}, expected "
+                                 f"{(b, s)} bool")
         return self
 
     def to(self, device: torch.device | str) -> Sequences:
@@ -134,10 +150,14 @@ class Sequences:
 
     @staticmethod
     def concat(parts: list[Sequences]) -> Sequences:
-        """Stack shards along B; shards must share P and T."""
+        """Stack shards along B; shards must share P and T, and all have routes or none."""
         if not parts:
             raise ValueError("Sequences.concat needs at least one part")
-        return Sequences(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(Sequences)})
+        if len({p.routes is None for p in parts}) > 1:
+            raise ValueError("Sequences.concat: routes are set on some parts but not all")
+        joined: dict[str, Any] = {f.name: None if getattr(parts[0], f.name) is None else
+                                  torch.cat([getattr(p, f.name) for p in parts]) for f in fields(Sequences)}
+        return Sequences(**joined)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """What engines produce and rewards score, one entry a sample, in ragged per-sample lists: `Rollouts` (with each
-sample's `Episode`) and `ScoredRollouts`. Plain Python (no torch): they cross from rollout actors to the driver.
+sample's `Episode`) and `ScoredRollouts`. Plain Python (no torch; a sample's routes are the numpy array vLLM returns):
+they cross from rollout actors to the driver.
 
 Every sampled token carries the version of the weights that sampled it (`token_versions`): a batch may mix
 versions (asynchronous mode), and so may one multi-turn episode, whose engine can switch weights between its turns.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from itertools import pairwise
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,11 @@ so a group has n episodes and at least n rows; "sample" below means a row.
                          group id of group estimators, and what a checkpoint records as trained)
     policy_version[i]    the oldest version among sample i's trained tokens (what its staleness is counted from)
     episodes[i]          how sample i's episode went (`Episode`): turns, tool calls, the environment's reward
+    routes[i]            rollout routing replay (`rollout.routing_replay`): the experts the engine routed each of
+                         the first n_i tokens of prompt + response to, a numpy array `[n_i, L, k]` (L MoE layers, k
+                         experts per token; uint8 for up to 256 experts, else uint16: vLLM's own), n_i at most the
+                         sample's prompt and response length (the last token is never fed to the engine, and an
+                         episode's trailing observation is not either); None without routes
     """
 
     prompt_ids: list[list[int]]
@@ -92,6 +99,7 @@ so a group has n episodes and at least n rows; "sample" below means a row.
     group: list[int]
     policy_version: list[int]
     episodes: list[Episode]
+    routes: list[Any]
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -110,6 +118,10 @@ so a group has n episodes and at least n rows; "sample" below means a row.
             if trained and min(trained) != self.policy_version[i]:
                 raise ValueError(f"Rollouts sample {i}: policy_version {self.policy_version[i]} is not the oldest "
                                  f"version among its trained tokens ({min(trained)})")
+            routed = self.routes[i]
+            if routed is not None and (routed.ndim != 3 or len(routed) > len(self.prompt_ids[i]) + len(ids)):
+                raise ValueError(f"Rollouts sample {i}: routes of shape {tuple(routed.shape)} for "
+                                 f"{len(self.prompt_ids[i]) + len(ids)} tokens (expected [n <= tokens, layers, k])")
             segment = self.episodes[i].segment
             if segment and not (i > 0 and self.group[i - 1] == self.group[i]
                                 and self.episodes[i - 1].segment == segment - 1):
@@ -133,16 +145,17 @@ so a group has n episodes and at least n rows; "sample" below means a row.
 
     def add(self, prompt_ids: list[int], response_ids: list[int], rollout_logprobs: list[float],
             loss_mask: list[int], token_versions: list[int], text: str, finish_reason: str, group: int,
-            episode: Episode, version: int) -> None:
+            episode: Episode, version: int, routes: Any = None) -> None:
         """Append one sample (while it is being built by its producer); its policy version is the oldest among
-        its trained tokens, or `version` (the engine's now) when it has none."""
+        its trained tokens, or `version` (the engine's now) when it has none. `routes`: its tokens' experts, or
+        None."""
         trained = [v for v, m in zip(token_versions, loss_mask, strict=True) if m]
         for name, value in (("prompt_ids", prompt_ids), ("response_ids", response_ids),
                             ("rollout_logprobs", rollout_logprobs), ("loss_mask", loss_mask),
                             ("token_versions", token_versions), ("response_texts", text),
                             ("finish_reasons", finish_reason), ("group", group),
                             ("policy_version", min(trained) if trained else version),
-                            ("episodes", episode)):
+                            ("episodes", episode), ("routes", routes)):
             getattr(self, name).append(value)
 
     def select(self, rows: list[int]) -> Rollouts:

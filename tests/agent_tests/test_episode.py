@@ -5,13 +5,15 @@ the tiny model's tokenizer (tools in its Hermes format) against rendering the wh
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 
 from distrl.agents.chat import ChatRenderer
 from distrl.agents.env import Start, Step, Turn
-from distrl.agents.episode import EpisodeRunner
+from distrl.agents.episode import EpisodeRunner, as_rollouts
 from distrl.agents.host import EnvError, EnvHost, EnvLost
 from distrl.agents.trajectory import Budget, Sampled, drift, turn_seed
 from distrl.config import ModelConfig
@@ -274,3 +276,30 @@ def test_an_episode_whose_environment_host_died_runs_again_from_its_first_turn()
 def test_a_host_started_again_does_not_know_the_episodes_of_the_one_before():
     with pytest.raises(EnvLost, match="was restarted since the episode began"):
         asyncio.run(host(turns=2).step("3.0", Turn("t", "t", [], None, 0)))
+
+
+class Routing(Script):
+    """A sampler that also returns routes as vLLM does (`rollout.routing_replay`): for every token it fed through
+    the model (the prompt and the turn's tokens but the last), layer 0's expert is the token id mod 7 and layer 1's
+    the turn's number."""
+
+    async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> Sampled:
+        turn = await super().sample(prompt_ids, max_tokens, seed)
+        fed = [*turn.prompt_ids, *turn.token_ids][:-1]
+        routes = np.array([[[i % 7], [len(self.prompts)]] for i in fed], dtype=np.uint8)  # [n, L=2, k=1]
+        return dataclasses.replace(turn, routes=routes)
+
+
+def test_an_episode_carries_the_routes_of_its_last_turn_which_cover_every_token_but_its_last():
+    result = run(Routing([[10, 11], [12], [13, 14, 15]]), host(turns=3))
+    t = result.trajectory
+    ids = [*t.prompt_ids, *t.response_ids]
+    # The third turn was given the whole trajectory (prompt, turns 1-2 and both observations): its routes are those
+    # of all of it and of its own tokens but the final EOS, 14 of the 15 tokens.
+    assert t.routes.shape == (len(ids) - 1, 2, 1)
+    assert t.routes[:, 0, 0].tolist() == [i % 7 for i in ids[:-1]] and set(t.routes[:, 1, 0].tolist()) == {3}
+    rows = as_rollouts([[result]], [0], 1, version=0)
+    assert rows.routes[0] is t.routes
+    # Turns echoing other ids than the trajectory (drift) routed other tokens: their routes are not taken.
+    drifted = run(Routing([[10], [11]], echo_extra=1), host(turns=2)).trajectory
+    assert drifted.routes is None

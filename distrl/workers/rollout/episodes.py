@@ -146,9 +146,10 @@ class EngineStepper:
                     f"tokens; expected one per sampled token"))
                 return
             text = request.text if request.text else self.decode(request.token_ids)
+            # vLLM's routes (`enable_return_routed_experts`) come whole with the finished output: [n, L, k].
             request.future.set_result(Sampled(request.prompt_ids or [], request.token_ids, request.logprobs,
                                               request.versions, text, completion.finish_reason or "length",
-                                              request.engine_s))
+                                              request.engine_s, getattr(completion, "routed_experts", None)))
 
     def close(self) -> None:
         """`run` returns once no request is left."""

@@ -71,6 +71,10 @@ def engine_args(cfg: RolloutConfig, model: ModelConfig, max_prompt_tokens: int, 
         # One engine over k worker processes, the engine core kept in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
         # beside them: vLLM's multiprocess executor, never Ray's (vLLM would pick it inside a Ray actor).
         args.update(distributed_executor_backend="mp", enable_expert_parallel=cfg.expert_parallel)
+    if cfg.routing_replay:
+        # Every request's routes come back with its output (`Sampled.routes`); vLLM serves them from its Model
+        # Runner V2, on GPUs (it refuses the flag where it would take the V1 runner).
+        args["enable_return_routed_experts"] = True
     if lora is not None:
         # One slot: the current version's adapters, which every request carries.
         args.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)

@@ -16,10 +16,19 @@ from typing import Any
 import torch
 
 from distrl.config import LoraConfig
+from distrl.workers.training import moe
 
 ADAPTER_DIR = "adapter"
 """The subdirectory of a checkpoint's policy part that holds the adapters in PEFT's format (`adapter_config.json`,
 `adapter_model.safetensors`), in place of the full model's model/."""
+
+
+EXPERTS_FUSED = ("in a mixture of experts transformers holds the experts' projections fused, as parameters "
+                 "(mlp.experts.gate_up_proj [E, 2I, H], down_proj [E, H, I]), not as the Linear modules that "
+                 "target_modules adapts; peft reaches such parameters only through its target_parameters, whose "
+                 "adapters distrl neither pushes into vLLM nor checks there: adapt the attention projections "
+                 "(q_proj, k_proj, v_proj, o_proj)")
+"""Why a mixture of experts' MLP projections take no adapters (transformers 5, peft 0.21)."""
 
 
 def peft_config(cfg: LoraConfig) -> dict[str, Any]:
@@ -47,6 +56,8 @@ def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
             param.data = param.data.float()  # master weights of what trains stay float32 (base in bf16 on GPUs)
     targeted = {name.rpartition(".")[2] for name, module in wrapped.named_modules() if hasattr(module, "lora_A")}
     missing = [m for m in cfg.target_modules if m not in targeted]
+    if missing and moe.routers(model):
+        raise ValueError(f"learner.lora.target_modules {missing}: {EXPERTS_FUSED}")
     if missing:
         raise ValueError(f"learner.lora.target_modules {missing}: the model has no such projections")
     return wrapped

@@ -21,7 +21,7 @@ from distrl.micro_batches import micro_batches
 from distrl.types.batches import Sequences, on_host
 from distrl.workers.device import to_device
 from distrl.workers.model_files import DTYPES, resolve_model_path
-from distrl.workers.training import packed_attention
+from distrl.workers.training import moe, packed_attention
 from distrl.workers.training.packed_attention import PACKED_ATTENTION
 from distrl.workers.training.packing import Layout, host_layout
 from distrl.workers.training.ulysses import SequenceSplit
@@ -103,13 +103,16 @@ def response_logprobs(model, batch: Sequences, temperature: float, with_entropy:
 
 
 def _head_outputs(model, layout: Layout, temperature: float, with_entropy: bool):
-    """(log-probs `[K]`, entropies `[K]` or None) of `layout`'s response tokens under `model`: the decoder's K kept
+    """(log-probs `[K]`, entropies `[K]` or None) of `layout`'s response tokens under `model`, a mixture of experts
+    replaying the layout's routes if it has any (`moe.route`: rollout routing replay, for the learner's update, its
+    old log-probs and the reference alike): the decoder's K kept
     hidden states go through `linear_logprobs` in place of the LM head's forward (for this call only); a model
     that transforms its logits after the head (soft-capping, scaling) takes the plain head and `token_logprobs`.
     A split layout (sequence parallelism) runs this learner's slice and gathers the group's `[K]` (`Layout.gather`)."""
     from distrl.algo import entropy_from_logits, linear_logprobs, token_logprobs
 
     kwargs = packed_inputs(model, layout)
+    moe.route(model, layout.routes, layout.routed)  # the layout's routes replayed, or the routers' own choice
     keep, targets = layout.predicts, layout.targets
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None or not hasattr(model, "get_decoder") or logit_transforms(model.config):

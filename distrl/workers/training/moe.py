@@ -1,6 +1,6 @@
 """A mixture-of-experts policy's routers in the learner: their logits recorded during a forward pass, the figures
 MoE users watch (`distrl.algo.router`), the load-balancing term `learner.router_aux_loss_coef` adds, and a forward
-pass that replays given routes (rollout routing replay: `replayed_routes`).
+pass that replays given routes (rollout routing replay: `route`).
 
 The routers are found as transformers records them (the model's `_can_record_outputs["router_logits"]`: the router
 module class and which of its outputs are the logits, `[N, E]` over the N tokens of the packed row). Every token of
@@ -22,11 +22,14 @@ Measured = dict[str, tuple[torch.Tensor, Merge]]
 
 
 def _recorder(model: torch.nn.Module) -> Any:
-    """transformers' recorder of `model`'s router logits (its inner models' too), or None for a dense model."""
-    for module in (model, *model.children(), *(m for c in model.children() for m in c.children())):
+    """transformers' recorder of `model`'s router logits (its inner models' too, under peft's wrappers), or None for
+    a dense model."""
+    for module in model.modules():
         recorder = (getattr(module, "_can_record_outputs", None) or {}).get("router_logits")
         if recorder is not None:
             return recorder
+        if isinstance(module, torch.nn.ModuleList):  # the decoder layers: past the models that would name it
+            return None
     return None
 
 
@@ -75,34 +78,43 @@ def router_terms(logits: list[torch.Tensor], config: Any, coef: float, share: to
     return term, figures
 
 
-@contextmanager
-def replayed_routes(model: torch.nn.Module, routes: torch.Tensor) -> Iterator[None]:
-    """Forward passes inside the block route each token to the experts `routes` `[L, N, k]` gives it (layer l's
-    router, in the model's order, the N tokens of the packed row), weighted by the router's current softmax over
-    those experts (`replayed_weights`, renormalised as the model does): the routing decision is the given one, the
-    routers still learn through the weights. Raises ValueError unless the model has exactly L routers."""
+def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """`model`'s routers (transformers' router modules), in the model's order of layers; none for a dense model."""
     recorder = _recorder(model)
-    routers = [] if recorder is None else [m for m in model.modules() if isinstance(m, recorder.target_class)]
-    if len(routers) != routes.shape[0]:
-        raise ValueError(f"routes of {routes.shape[0]} layers for a model with {len(routers)} routers")
-    for router, layer in zip(routers, routes, strict=True):
-        router.forward = _replaying(router, layer)
-    try:
-        yield
-    finally:
-        for router in routers:
-            del router.forward
+    return [] if recorder is None else [m for m in model.modules() if isinstance(m, recorder.target_class)]
 
 
-def _replaying(router: Any, routes: torch.Tensor) -> Any:
+def route(model: torch.nn.Module, routes: torch.Tensor | None, routed: torch.Tensor | None = None) -> None:
+    """From now until the next call, forward passes of `model` route each of their N tokens to the experts `routes`
+    `[N, L, k]` gives it at each of the L routers (in the model's order), weighted by the router's current softmax
+    over those experts (`replayed_weights`, renormalised as the model does): the routing decision is the given one,
+    the routers still learn through the weights. Tokens where `routed` `[N]` (bool) is False, and every token with
+    `routes` None, are routed by the router itself, exactly as without replay. Kept after the forward pass on
+    purpose: a backward pass that recomputes the forward (gradient checkpointing) must route as the forward did.
+    Raises ValueError unless the model has exactly L routers."""
+    found = routers(model)
+    if routes is not None and len(found) != routes.shape[1]:
+        raise ValueError(f"routes of {routes.shape[1]} layers for a model with {len(found)} routers")
+    for layer, router in enumerate(found):
+        if routes is None:
+            router.__dict__.pop("forward", None)
+        else:
+            router.forward = _replaying(router, routes[:, layer], routed)
+
+
+def _replaying(router: Any, routes: torch.Tensor, routed: torch.Tensor | None) -> Any:
     """A forward for `router` (transformers' top-k router: `weight` `[E, H]`) that returns (logits, weights, routes)
-    as its own does, with `routes` `[N, k]` in place of its top k."""
+    as its own does, with `routes` `[N, k]` in place of its top k where `routed` `[N]` says so (everywhere: None)."""
     renormalize = getattr(router, "norm_topk_prob", True)  # Mixtral's always renormalises; Qwen's says so
 
     def forward(hidden_states: torch.Tensor):
         logits = torch.nn.functional.linear(hidden_states.reshape(-1, router.weight.shape[1]), router.weight)
-        weights = replayed_weights(logits, routes, renormalize)
+        chosen = routes.long()
+        if routed is not None:  # the router's own choice, as its own forward makes it, where no route is given
+            own = type(router).forward(router, hidden_states)[2]
+            chosen = torch.where(routed[:, None], chosen, own)
+        weights = replayed_weights(logits, chosen, renormalize)
         # Qwen's routers return their weights in the logits' dtype, Mixtral's in float32.
-        return logits, weights.to(logits.dtype) if hasattr(router, "norm_topk_prob") else weights, routes
+        return logits, weights.to(logits.dtype) if hasattr(router, "norm_topk_prob") else weights, chosen
 
     return forward

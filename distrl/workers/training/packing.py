@@ -38,6 +38,8 @@ class Layout:
     kept         split over a sequence-parallel group (`split`): how many of the K response tokens each learner's
                  slice predicts, in the group's order (ids, position_ids, predicts and targets are then this
                  learner's slice's: N / k tokens, K_r of them); None for the whole row
+    routes       [N, L, k] uint8 or int16  the packed tokens' replayed experts (`Sequences.routes`), or None
+    routed       [N] bool  the packed tokens `routes` holds (the others' routers choose their own), or None
     """
 
     ids: torch.Tensor
@@ -48,13 +50,17 @@ class Layout:
     response_index: torch.Tensor
     pack: Pack
     kept: tuple[int, ...] | None = None
+    routes: torch.Tensor | None = None
+    routed: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> Layout:
         """This layout on `device` (`to_device`: no wait on a GPU)."""
         moved = {name: to_device(getattr(self, name), device)
                  for name in ("ids", "position_ids", "predicts", "targets", "response", "response_index")}
+        routes = {name: None if getattr(self, name) is None else to_device(getattr(self, name), device)
+                  for name in ("routes", "routed")}
         pack = Pack(self.pack.bounds, to_device(self.pack.cu_seqlens, device), self.pack.longest, self.pack.split)
-        return Layout(**moved, pack=pack, kept=self.kept)
+        return Layout(**moved, pack=pack, kept=self.kept, routes=routes["routes"], routed=routes["routed"])
 
     def split(self, split: SequenceSplit) -> Layout:
         """This learner's slice of the whole row's layout (on the host) over its sequence-parallel group: the N
@@ -62,6 +68,8 @@ class Layout:
         apart, and it predicts nothing), then slice `split.rank` of the k equal ones; the pack stays the whole row's,
         marked split (`ulysses`)."""
         assert self.pack.split is None and self.kept is None, "a layout is split once"
+        if self.routes is not None:  # refused at load (`rollout.routing_replay`): the routes are not sliced
+            raise ValueError("routing replay with sequence-parallel learners: a split layout carries no routes")
         n = self.ids.shape[1]
         width = -(-n // split.size)
         pad = width * split.size - n
@@ -118,12 +126,15 @@ def host_layout(batch: Sequences) -> Layout:
     ends = np.cumsum(lengths[lengths > 0])
     starts = ends - lengths[lengths > 0]
     n = int(ids.size)
+    routes = routed = None
+    if batch.routes is not None and batch.routed is not None and real.any():
+        routes, routed = torch.from_numpy(_host(batch.routes)[real]), torch.from_numpy(_host(batch.routed)[real])
     pack = Pack([list(zip(starts.tolist(), ends.tolist(), strict=True))],
                 torch.from_numpy(np.append(starts, n).astype(np.int32)), int(lengths.max()))
     return Layout(ids=torch.from_numpy(ids)[None].long(), position_ids=torch.from_numpy(positions)[None].long(),
                   predicts=torch.from_numpy(keep).long(), targets=torch.from_numpy(ids[keep + 1]).long(),
                   response=torch.from_numpy(response), response_index=torch.from_numpy(np.flatnonzero(response)),
-                  pack=pack)
+                  pack=pack, routes=routes, routed=routed)
 
 
 def _host(x: torch.Tensor) -> np.ndarray:

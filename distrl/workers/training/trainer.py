@@ -277,14 +277,16 @@ class Trainer:
 
 def _rows_on(batch: TrainBatch, index: torch.Tensor, device: str) -> TrainBatch:
     """Rows `index` of `batch` (on the host) on `device`, copied without a wait (`to_device`), mini-batch labels
-    left behind."""
+    and routes left behind."""
     def move(x: torch.Tensor) -> torch.Tensor:
         return to_device(x[index], device)
 
     def maybe(x: torch.Tensor | None) -> torch.Tensor | None:
         return None if x is None else move(x)
 
-    seqs = Sequences(**{f.name: move(getattr(batch.sequences, f.name)) for f in fields(Sequences)})
+    # Routes reach the forward pass in the packed layout (`host_layout`), not here: not copied twice.
+    seqs = Sequences(**{f.name: move(getattr(batch.sequences, f.name)) for f in fields(Sequences)
+                        if f.name not in ("routes", "routed")})
     return TrainBatch(seqs, old_logprobs=maybe(batch.old_logprobs), advantages=move(batch.advantages),
                       ref_logprobs=maybe(batch.ref_logprobs), old_values=maybe(batch.old_values),
                       returns=maybe(batch.returns), cov_selected=maybe(batch.cov_selected))
