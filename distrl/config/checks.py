@@ -87,9 +87,10 @@ def tensor_parallel_problems(rollout: RolloutConfig, cluster: ClusterConfig) -> 
     return errors
 
 
-def routing_replay_problems(rollout: RolloutConfig, learner: LearnerConfig, cluster: ClusterConfig) -> list[str]:
-    """What `rollout.routing_replay` needs: engines that return routes (on GPUs), and learners that keep each
-    micro-batch's tokens whole."""
+def routing_replay_problems(rollout: RolloutConfig, learner: LearnerConfig, cluster: ClusterConfig,
+                            reference: ReferenceConfig | None = None) -> list[str]:
+    """What `rollout.routing_replay` needs: engines that return routes (on GPUs), and learners (and reference
+    actors: `reference`, None without them) that keep each micro-batch's tokens whole."""
     if not rollout.routing_replay:
         return []
     errors = []
@@ -103,6 +104,10 @@ def routing_replay_problems(rollout: RolloutConfig, learner: LearnerConfig, clus
         errors.append(f"rollout.routing_replay with learner.sequence_parallel_size {learner.sequence_parallel_size}: "
                       f"a sequence-parallel learner's slice of a micro-batch carries no routes; set one of them "
                       f"back")
+    if reference is not None and reference.sequence_parallel_size > 1:
+        errors.append(f"rollout.routing_replay with reference.sequence_parallel_size "
+                      f"{reference.sequence_parallel_size}: a sequence-parallel reference's slice of a micro-batch "
+                      f"carries no routes; set one of them back")
     return errors
 
 

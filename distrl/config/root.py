@@ -226,7 +226,8 @@ class Config(Section):
                           f"+ rollout.sampling.max_new_tokens "
                           f"({self.data.max_prompt_tokens + self.rollout.sampling.max_new_tokens})")
         errors += tensor_parallel_problems(self.rollout, self.cluster)
-        errors += routing_replay_problems(self.rollout, self.learner, self.cluster)
+        errors += routing_replay_problems(self.rollout, self.learner, self.cluster,
+                                          self.reference if self.needs_reference else None)
         s = self.rollout.sampling
         if self.algorithm.old_logprobs == "rollout" and (s.top_p < 1.0 or s.top_k > 0):
             errors.append("algorithm.old_logprobs 'rollout' with rollout.sampling.top_p < 1 or "
