@@ -11,8 +11,8 @@ same warm start and the same seed; the synchronous loop beside them as the on-po
         [--arms sync,tis,none] [--seeds 0] [--warm-start-steps 2500] [--model DIR] [--set key=value ...]
 
 Reported per arm and seed: the training reward (128 samples a step; the quickstart's 64) in windows of 10 steps,
-the held-out pass@1 after the last step (the example's 200 questions, 4 samples each at T = 1; the quickstart's own
-held-out prompts), the staleness the batches had, the
+the held-out mean reward after the last step (`eval/<set>/accuracy`: the example's 200 questions, 4 samples each
+at T = 1; the quickstart's own held-out prompts), the staleness the batches had, the
 update's clip share and KL to the reference; then the correction's figures by staleness (`correction/<figure>/
 staleness_<age>`, averaged over the steps that held tokens of that age; ages 2 to k share the bucket `2+`), and the
 steps at which `run.correction_alarm` (its defaults) fired, if it did. Without a correction only the mismatch
@@ -68,7 +68,8 @@ def warm_started(model: Path, steps: int, seed: int) -> Path:
     return model
 
 
-def run(task: str, out: Path, name: str, model: Path, steps: int, seed: int, overrides: list[str]) -> list[dict]:
+def run(task: str, out: Path, name: str, model: Path, steps: int, seed: int, overrides: list[str],
+        local: bool = False) -> list[dict]:
     from distrl import config
     from distrl.driver import train
 
@@ -77,7 +78,12 @@ def run(task: str, out: Path, name: str, model: Path, steps: int, seed: int, ove
         "run.progress=false", "run.log_every=10", "run.checkpoint_at_end=false", "run.samples_every=0",
         f"eval.every={steps}", *overrides])  # held out once, after the last step
     began = time.perf_counter()
-    train(cfg)
+    if local:  # every role in this process, an HF-sampling engine (tests/hf_rollout.py): no Ray, no vLLM
+        from tests.hf_rollout import HFRolloutWorker
+
+        train(cfg, rollout_worker=HFRolloutWorker)
+    else:
+        train(cfg)
     print(f"{name}: {steps} steps in {time.perf_counter() - began:.0f} s")
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
 
@@ -88,7 +94,8 @@ def mean_of(rows: list[dict], key: str) -> float | None:
 
 
 def fired(rows: list[dict]) -> str:
-    """The steps at which each alarm count first rose, or `none`."""
+    """The steps at which each alarm's count of ages past its bound rose (the run warns at the first, once per
+    figure and age), or `none`."""
     out = []
     for key in ("health/correction_ess_low", "health/correction_truncated_high"):
         steps = [r["step"] for i, r in enumerate(rows)
@@ -99,13 +106,13 @@ def fired(rows: list[dict]) -> str:
 
 
 def report(runs: dict[str, list[dict]], steps: int, held_out_set: str) -> None:
-    print(f"\ntraining reward, mean per {WINDOW} steps; held-out pass@1 after step {steps}")
+    print(f"\ntraining reward, mean per {WINDOW} steps; held-out mean reward after step {steps}")
     print(f"{'run':<14}" + "".join(f"{f'{i + 1}-{min(i + WINDOW, steps)}':>9}" for i in range(0, steps, WINDOW))
           + f"{'held-out':>10}{'stale mean':>11}{'max':>5}{'clip':>8}{'kl/ref':>9}")
     for name, rows in runs.items():
         rewards = [r["reward/mean"] for r in rows]
         windows = [statistics.fmean(rewards[i:i + WINDOW]) for i in range(0, len(rewards), WINDOW)]
-        held_out = rows[-1].get(f"eval/{held_out_set}/pass@1")
+        held_out = rows[-1].get(f"eval/{held_out_set}/accuracy")
         print(f"{name:<14}" + "".join(f"{w:>9.3f}" for w in windows)
               + f"{held_out if held_out is not None else float('nan'):>10.3f}"
               + f"{mean_of(rows, 'staleness/mean') or 0.0:>11.2f}{max(r['staleness/max'] for r in rows):>5.0f}"
@@ -134,6 +141,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=ROOT / "artifacts" / "reasoning-gym" / "warm-start",
                         help="reasoning-gym's warm-started model: made here if absent, reused if present")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--local", action="store_true",
+                        help="cluster.backend local with tests/hf_rollout.py's HF-sampling engine: no Ray, no vLLM")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     arms = args.arms.split(",")
@@ -150,8 +159,9 @@ def main() -> None:
     for seed in (int(s) for s in args.seeds.split(",")):
         for arm in arms:
             staleness = [] if arm == "sync" else [f"loop.max_staleness={args.max_staleness}"]
+            backend = ["cluster.backend=local", "run.ray_metrics=false"] if args.local else []
             runs[f"{arm}-seed{seed}"] = run(args.task, out, f"{arm}-seed{seed}", model, args.steps, seed,
-                                            [*ARMS[arm], *staleness, *args.overrides])
+                                            [*ARMS[arm], *staleness, *backend, *args.overrides], args.local)
             # after each run, so that a cut bench still shows what it measured
             report(runs, args.steps, TASKS[args.task][1])
     print(f"\nrows: {out}/<run>/metrics.jsonl")
