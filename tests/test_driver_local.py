@@ -57,6 +57,8 @@ def test_async_loop_respects_the_staleness_bound(tmp_path, tiny_model_dir, k):
     stale = [h for h in history if h["staleness/max"] > 0]
     assert all(max(h.get(f"correction/mismatch_k3/staleness_{b}", 0) for b in ("1", "2+")) > 0 for h in stale)
     assert all(h["learner/tokens"] > 0 for h in history)
+    # ... which the correction's alarms, at their defaults, find within bounds
+    assert all(h["health/correction_ess_low"] == h["health/correction_truncated_high"] == 0 for h in history)
 
 
 def test_dynamic_sampling_keeps_only_groups_with_a_signal(tmp_path, tiny_model_dir):

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from distrl.config.base import Section
 from distrl.config.collapse import RewardCollapseConfig
+from distrl.config.correction_alarm import CorrectionAlarmConfig
 from distrl.config.trackers import MlflowConfig, WandbConfig
 
 # One plain path component: no separators, and no leading dot, so never `.`, `..` or a hidden directory.
@@ -47,6 +48,12 @@ class RunConfig(Section):
     """Warn, in the log and in every row's `health/reward_collapsed`, when the mean reward has fallen to a fraction
     of its best and stayed there (a learning rate too large for the model, a reward hacked and then lost): the run
     goes on, since only its owner can tell a collapse from a task that got harder. null: no watch."""
+    correction_alarm: CorrectionAlarmConfig | None = Field(default_factory=CorrectionAlarmConfig)
+    """Warn once, in the log, and count in every row's `health/correction_ess_low` and
+    `health/correction_truncated_high`, when the IS weights of the tokens of some staleness have a low effective
+    sample size or many truncated (masked) weights, `steps` steps in a row: the correction no longer corrects, and
+    the warning says what to change (docs/correction.md). Watches only a run with a `loss.correction`. null: no
+    watch."""
     ray_metrics: bool = True
     """Export every step's figures as Ray metrics (dashboard metrics view)."""
     progress: bool = True

@@ -27,6 +27,7 @@ from distrl.cluster.roles import Roles
 from distrl.cluster.weight_sync import SyncStats
 from distrl.config import ClipCovConfig, Config, KLCovConfig
 from distrl.console import say
+from distrl.correction_watch import CorrectionWatch
 from distrl.data.stream import PromptStream
 from distrl.evaluation import write_samples
 from distrl.evaluator import Evaluator
@@ -66,6 +67,7 @@ class Job:
     recovered: int = 0  # of them, those not yet reported in a row
     evaluator: Evaluator | None = None  # the held-out sets (`eval`)
     reward_watch: RewardWatch | None = None  # `run.reward_collapse`, over the rows logged (`restore` makes it)
+    correction_watch: CorrectionWatch | None = None  # `run.correction_alarm`, likewise
 
 
 
@@ -336,6 +338,11 @@ def end_step(job: Job, step: int, scored: ScoredRollouts, batch: TrainBatch, pro
         figures, warning = job.reward_watch.observe(reward)
         row.update(figures)
         if warning:
+            say(f"warning: step {step}: {warning}")
+    if job.correction_watch is not None:
+        figures, warnings = job.correction_watch.observe(row)
+        row.update(figures)
+        for warning in warnings:
             say(f"warning: step {step}: {warning}")
     job.history.append({"step": step, **row})
     job.run.log(step, row)

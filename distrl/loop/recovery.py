@@ -15,6 +15,7 @@ from distrl import checkpoint, preflight
 from distrl.cluster.group import ActorGroup
 from distrl.cluster.roles import Roles
 from distrl.console import say
+from distrl.correction_watch import CorrectionWatch
 from distrl.loop.phases import Job
 from distrl.metrics import BusyClock
 from distrl.reward_watch import RewardWatch
@@ -115,7 +116,7 @@ def resume_point(run: RunDir) -> Path | None:
 
 def restore(found: Path | None, job: Job, roles: Roles) -> None:
     """Load checkpoint `found` (if any; the job is at its step) into every learner, every critic and the prompt
-    stream, forget metrics rows logged after it, and watch the reward from the rows kept."""
+    stream, forget metrics rows logged after it, and watch the reward and the correction from the rows kept."""
     if found:
         roles.backend.answer(roles.learner.map(Learner.load_checkpoint, str(found / "policy"), job.last_step),
                              f"the learners' load of {found}", job.cfg.cluster.call_timeout_s)
@@ -130,3 +131,5 @@ def restore(found: Path | None, job: Job, roles: Roles) -> None:
     kept = job.run.forget_after(job.last_step)
     watch = job.cfg.run.reward_collapse
     job.reward_watch = RewardWatch(watch, (row["reward/mean"] for row in kept)) if watch is not None else None
+    alarm = job.cfg.run.correction_alarm
+    job.correction_watch = CorrectionWatch(alarm, kept) if alarm is not None else None

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from distrl.algo import metrics_by_staleness, mismatch_metrics, rollout_correction
+from distrl.algo import metrics_by_staleness, mismatch_metrics, rollout_correction, weight_metrics
 from distrl.config import CorrectionConfig
 
 from .helpers import ragged_mask
@@ -164,3 +164,27 @@ def test_mismatch_figures_split_by_each_tokens_own_staleness():
     assert {k: float(v["mismatch_kl"]) for k, v in figures.items()} == {"0": 1.5, "1": 3.5, "2+": 0.0}
     per_row = metrics_by_staleness(old, torch.zeros(2, 3), mask, torch.tensor([0, 1]), None)  # [B]: whole rows
     assert {k: float(v["mismatch_kl"]) for k, v in per_row.items()} == {"0": pytest.approx(7 / 3), "1": 1.5}
+
+
+def test_ess_of_equal_weights_is_one_and_of_one_dominant_weight_one_over_n():
+    # ESS = (sum w)^2 / (N sum w^2): [1, 1, 1, 1] -> 16 / (4 x 4) = 1; [4, 0, 0, 0] -> 16 / (4 x 16) = 1/4
+    mask = torch.ones(1, 4)
+    assert weight_metrics(torch.ones(1, 4), mask)["is_ess"].item() == pytest.approx(1.0)
+    assert weight_metrics(torch.tensor([[4.0, 0.0, 0.0, 0.0]]), mask)["is_ess"].item() == pytest.approx(0.25)
+
+
+def test_ess_and_truncated_share_split_by_staleness_by_hand():
+    """TIS into [0, 2]. Row 0: ratios [1.5, 1, e^2] with staleness [0, 0, 1]; row 1: ratios [0.5, 0.5, -] with
+    staleness 1 (its last token padding).
+    Staleness 0, weights [1.5, 1]: ESS = 2.5^2 / (2 (2.25 + 1)) = 6.25 / 6.5 = 25/26, nothing truncated.
+    Staleness 1, weights [2 (e^2 truncated), 0.5, 0.5]: ESS = 3^2 / (3 (4 + 0.25 + 0.25)) = 9 / 13.5 = 2/3,
+    truncated 1 of 3."""
+    old = torch.tensor([[math.log(1.5), 0.0, 2.0], [math.log(0.5), math.log(0.5), 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    staleness = torch.tensor([[0, 0, 1], [1, 1, 1]])
+    figures = metrics_by_staleness(old, torch.zeros(2, 3), mask, staleness, correction({"mode": "tis"}))
+    assert set(figures) == {"0", "1"}  # no token of staleness 2+: no bucket
+    assert figures["0"]["is_ess"].item() == pytest.approx(25 / 26)
+    assert figures["1"]["is_ess"].item() == pytest.approx(2 / 3)
+    assert figures["0"]["is_frac_truncated"].item() == 0.0
+    assert figures["1"]["is_frac_truncated"].item() == pytest.approx(1 / 3)
