@@ -385,3 +385,19 @@ def test_data_is_a_path_or_a_function_that_makes_the_rows():
         config.from_dict({**base, "data": fn, "eval": {"sets": [held_out]}})
     other_seed = {**held_out, "kwargs": {"tasks": "leg_counting", "seed": 2}}
     assert config.from_dict({**base, "data": fn, "eval": {"sets": [other_seed]}}).eval.sets[0].kwargs["seed"] == 2
+
+
+def test_partial_rollouts_are_an_async_loop_setting_for_one_turn_samples():
+    base = {"model": {"path": "m"}, "data": {"path": "d.jsonl"}}
+    cfg = config.from_dict({**base, "loop": {"mode": "async", "partial_rollouts": True, "slice_tokens": 32}})
+    assert cfg.slice_tokens == 32
+    assert config.from_dict({**base, "loop": "async"}).slice_tokens is None  # off by default
+    with pytest.raises(ConfigError, match=r"loop.partial_rollouts needs loop.mode 'async'"):
+        config.from_dict({**base, "loop": {"mode": "sync", "partial_rollouts": True}})
+    with pytest.raises(ConfigError, match=r"loop.slice_tokens: Input should be greater than or equal to 1"):
+        config.from_dict({**base, "loop": {"mode": "async", "partial_rollouts": True, "slice_tokens": 0}})
+    partial = {"mode": "async", "partial_rollouts": True}
+    with pytest.raises(ConfigError, match=r"loop.partial_rollouts continues one-turn samples; env is set"):
+        config.from_dict({**base, "loop": partial, "env": {"class": "tests.agent_envs:Chatter"}})
+    with pytest.raises(ConfigError, match=r"loop.partial_rollouts with rollout.sampling.stop"):
+        config.from_dict({**base, "loop": partial, "rollout": {"sampling": {"stop": ["\n"]}}})

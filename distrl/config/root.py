@@ -141,6 +141,11 @@ class Config(Section):
         return self.rollout.chunks_per_engine or (1 if self.env is None or self.cluster.hybrid_mode else 4)
 
     @property
+    def slice_tokens(self) -> int | None:
+        """Tokens of a sample per generation call with `loop.partial_rollouts` (None: samples end in one call)."""
+        return self.loop.slice_tokens if isinstance(self.loop, AsyncLoop) and self.loop.partial_rollouts else None
+
+    @property
     def max_staleness(self) -> int:
         """k of the loop: 0 for the synchronous loop."""
         return self.loop.max_staleness if isinstance(self.loop, AsyncLoop) else 0
@@ -224,6 +229,13 @@ class Config(Section):
                           f"+ rollout.sampling.max_new_tokens "
                           f"({self.data.max_prompt_tokens + self.rollout.sampling.max_new_tokens})")
         errors += tensor_parallel_problems(self.rollout, self.cluster)
+        if isinstance(self.loop, AsyncLoop) and self.loop.partial_rollouts:
+            if self.env is not None:
+                errors.append("loop.partial_rollouts continues one-turn samples; env is set (multi-turn episodes "
+                              "end within the call that started them): remove env or loop.partial_rollouts")
+            if self.rollout.sampling.stop:
+                errors.append("loop.partial_rollouts with rollout.sampling.stop: a stop string could span two of a "
+                              "sample's slices and be missed; remove the stop strings or loop.partial_rollouts")
         s = self.rollout.sampling
         if self.algorithm.old_logprobs == "rollout" and (s.top_p < 1.0 or s.top_k > 0):
             errors.append("algorithm.old_logprobs 'rollout' with rollout.sampling.top_p < 1 or "
