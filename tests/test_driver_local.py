@@ -361,3 +361,18 @@ def test_partial_rollouts_lose_nothing_when_an_engine_dies_mid_slice(tmp_path, t
     assert sum(h["faults/redispatched_prompts"] for h in history) > 0
     groups = [t for step in trained_groups for t in step]
     assert sorted(groups) == list(range(12))  # the lost slice's samples were continued, none twice
+
+
+def test_partial_rollouts_resume_neither_skips_nor_repeats_a_prompt(tmp_path, tiny_model_dir, trained_groups):
+    common = (*PARTIAL, "loop.max_staleness=2", "run.checkpoint_every=2")
+    train(local_config(tmp_path, tiny_model_dir, *common, "run.steps=3", "run.checkpoint_at_end=false"),
+          rollout_worker=HFRolloutWorker)  # checkpoint at step 2; step 3 trained, not saved; samples carried over
+    resumed = local_config(tmp_path, tiny_model_dir, *common, "run.steps=5", "run.resume=true",
+                           "run.overwrite=false")
+    train(resumed, rollout_worker=HFRolloutWorker)
+    assert [r["step"] for r in rows(resumed)] == [1, 2, 3, 4, 5]
+    kept = [*trained_groups[:2], *trained_groups[3:]]  # the first run's step 3 was not saved: trained again
+    groups = [t for step in kept for t in step]
+    assert len(kept) == 5 and len(groups) == len(set(groups)) == 20
+    state = json.loads((tmp_path / "quickstart" / "checkpoints" / "step_000004" / "driver_state.json").read_text())
+    assert state["data"]["next"] + len(state["data"]["consumed"]) == 16  # 4 steps x 4 prompts consumed, none twice
