@@ -6,7 +6,7 @@ another in this process (each with its own embedded Ray cluster, so they meet th
 
 The workload: response lengths with a heavy tail that users would recognise. 1 prompt in 20 asks for a long answer
 (it ends with "!") and is answered to the token limit (`--max-new-tokens`); the others (ending with ".") are
-answered in about 11 tokens (median; 90% under 30). The model is distrl's tiny random Llama with its weights set so
+answered in about 10 tokens (median; 90% under 40). The model is distrl's tiny random Llama with its weights set so
 that it follows that request, deterministically and without training (`long_tail_model`): the last prompt token
 puts the first response token in one of two sets of tokens, each of which keeps to itself (its embeddings share a
 direction, and the LM head is the embedding matrix); the end-of-sequence row of the head points along the short
