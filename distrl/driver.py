@@ -126,6 +126,7 @@ def run_roles(job: Job, backend: Backend, found: Path | None, startup: PhaseTime
                                 unreplaceable=roles.sync.unreplaceable, pushes_skip=roles.sync.skips_engines,
                                 recovery=cfg.cluster.recovery, call_timeout_s=cfg.cluster.call_timeout_s,
                                 version=job.last_step, chunks_per_engine=cfg.chunks_per_engine,
+                                slice_tokens=cfg.slice_tokens, samples_per_prompt=cfg.rollout.n_samples_per_prompt,
                                 engines=None if cfg.cluster.hybrid_mode
                                 else (cfg.cluster.rollout.fewest, cfg.cluster.rollout.most))
         job.producer.lost_in_push(first_push.lost)

@@ -2,8 +2,8 @@
 a given call the way a killed actor does (that call and every later call on the instance raise `ActorLost`).
 
 `dying(method, at_call, deaths)` makes a class whose first `deaths` instances die in their `at_call`-th call of
-`method` ("generate" or "load_weights"); instances made later (the replacements) live, unless `deaths` is larger
-than the number of instances the run makes, in which case every replacement dies too.
+`method` ("generate", "continue_samples" or "load_weights"); instances made later (the replacements) live, unless
+`deaths` is larger than the number of instances the run makes, in which case every replacement dies too.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ def dying(method: str, at_call: int, deaths: int = 1) -> type[HFRolloutWorker]:
         def generate(self, *args: Any, **kwargs: Any) -> Any:
             self._maybe_die("generate")
             return super().generate(*args, **kwargs)
+
+        def continue_samples(self, *args: Any, **kwargs: Any) -> Any:
+            self._maybe_die("continue_samples")
+            return super().continue_samples(*args, **kwargs)
 
         def load_weights(self, *args: Any, **kwargs: Any) -> Any:
             self._maybe_die("load_weights")

@@ -24,6 +24,7 @@ from distrl.types.prompt import Prompt
 from distrl.types.rollouts import Episode, Rollouts
 from distrl.workers.model_files import DTYPES, load_tokenizer
 from distrl.workers.rollout.sampling import eval_sampling, request_seed
+from distrl.workers.rollout.slices import continue_samples
 from distrl.workers.training import lora as adapters
 from distrl.workers.training.model import load_causal_lm
 from distrl.workers.weights.fingerprint import Fingerprint, Region, add, check, of_tensors
@@ -101,6 +102,13 @@ class HFRolloutWorker:
                 out.add(list(prompt.prompt_ids), ids, lps, [1] * len(ids), [v] * len(ids),
                         self.tokenizer.decode(ids, skip_special_tokens=True), reason, group, Episode(), v)
         return out.validate()
+
+    def continue_samples(self, prefixes: Rollouts, samples: list[int], slice_tokens: int) -> Rollouts:
+        self.calls += 1
+        budget = Budget.of(self.cfg.sampling.max_new_tokens, None, self.model.config.max_position_embeddings)
+        seeds = [request_seed(self.seed, ticket) for ticket in prefixes.group]
+        return asyncio.run(continue_samples(HFSampler(self), budget, prefixes, samples, seeds, slice_tokens,
+                                            lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)))
 
     async def _episodes(self, runner: EpisodeRunner, prompts: list[Prompt], groups: list[int]) -> Rollouts:
         n = self.cfg.n_samples_per_prompt

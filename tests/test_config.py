@@ -416,3 +416,22 @@ def test_the_mixture_of_experts_configs_replay_routes_on_gpu_engines():
     assert (big.rollout.tensor_parallel_size, big.rollout.expert_parallel) == (8, True)
     assert big.cluster.learner.num_actors == 64
     assert not big.needs_reference
+
+
+def test_partial_rollouts_are_an_async_loop_setting_for_one_turn_samples():
+    base = {"model": {"path": "m"}, "data": {"path": "d.jsonl"}}
+    cfg = config.from_dict({**base, "loop": {"mode": "async", "partial_rollouts": True, "slice_tokens": 32}})
+    assert cfg.slice_tokens == 32
+    assert config.from_dict({**base, "loop": "async"}).slice_tokens is None  # off by default
+    with pytest.raises(ConfigError, match=r"loop.partial_rollouts needs loop.mode 'async'"):
+        config.from_dict({**base, "loop": {"mode": "sync", "partial_rollouts": True}})
+    with pytest.raises(ConfigError, match=r"loop.slice_tokens: Input should be greater than or equal to 1"):
+        config.from_dict({**base, "loop": {"mode": "async", "partial_rollouts": True, "slice_tokens": 0}})
+    partial = {"mode": "async", "partial_rollouts": True}
+    with pytest.raises(ConfigError, match=r"loop.partial_rollouts continues one-turn samples; env is set"):
+        config.from_dict({**base, "loop": partial, "env": {"class": "tests.agent_envs:Chatter"}})
+    with pytest.raises(ConfigError, match=r"loop.partial_rollouts with rollout.sampling.stop"):
+        config.from_dict({**base, "loop": partial, "rollout": {"sampling": {"stop": ["\n"]}}})
+    with pytest.raises(ConfigError, match=r"loop.partial_rollouts with rollout.routing_replay"):
+        config.from_dict({**base, "loop": partial, "rollout": {"routing_replay": True},
+                          "cluster": {"rollout": {"num_gpus": 1}}})

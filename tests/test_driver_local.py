@@ -332,3 +332,49 @@ def test_the_covariance_losses_train_on_the_tokens_the_driver_selects(tmp_path, 
     history = train(cfg, rollout_worker=HFRolloutWorker)
     assert [h["learner/optimizer_steps"] for h in history] == [2, 4, 6, 8]
     assert all(0 < h["policy/cov_frac"] <= 0.1 for h in history), [h["policy/cov_frac"] for h in history]
+
+
+
+PARTIAL = ("loop.mode=async", "loop.partial_rollouts=true", "loop.slice_tokens=2", "data.shuffle=false",
+           "rollout.sampling.max_new_tokens=4")
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_partial_rollouts_carry_samples_over_within_the_staleness_bound(tmp_path, tiny_model_dir, trained_groups,
+                                                                         k):
+    # Samples of up to 4 tokens drawn 2 at a time: most take two calls. (The local backend runs a call when it is
+    # sent, so whether a sample spans a weight push here depends on the order of calls: tests/test_carry.py and
+    # the end-to-end test prove that.)
+    cfg = local_config(tmp_path, tiny_model_dir, *PARTIAL, f"loop.max_staleness={k}")
+    history = train(cfg, rollout_worker=HFRolloutWorker)
+    groups = [t for step in trained_groups for t in step]
+    assert all(len(step) == 4 for step in trained_groups) and sorted(groups) == list(range(16))  # each once
+    assert all(h["samples/dropped_stale"] == 0 for h in history)  # a step waits for a group about to go stale
+    assert max(h["staleness/max"] for h in history) <= k  # counted from each sample's oldest token
+    assert any(h["partial/carried_tokens"] > 0 for h in history)
+    shares = [h["tokens/age_0_share"] + h["tokens/age_1_share"] + h["tokens/age_2+_share"] for h in history]
+    assert shares == pytest.approx([1.0] * 4)
+
+
+def test_partial_rollouts_lose_nothing_when_an_engine_dies_mid_slice(tmp_path, tiny_model_dir, trained_groups):
+    cfg = local_config(tmp_path, tiny_model_dir, *PARTIAL, "loop.max_staleness=1", "run.steps=3")
+    history = train(cfg, rollout_worker=dying("continue_samples", at_call=3))
+    assert sum(h["faults/rollout_restarts"] for h in history) == 1
+    assert sum(h["faults/redispatched_prompts"] for h in history) > 0
+    groups = [t for step in trained_groups for t in step]
+    assert sorted(groups) == list(range(12))  # the lost slice's samples were continued, none twice
+
+
+def test_partial_rollouts_resume_neither_skips_nor_repeats_a_prompt(tmp_path, tiny_model_dir, trained_groups):
+    common = (*PARTIAL, "loop.max_staleness=2", "run.checkpoint_every=2")
+    train(local_config(tmp_path, tiny_model_dir, *common, "run.steps=3", "run.checkpoint_at_end=false"),
+          rollout_worker=HFRolloutWorker)  # checkpoint at step 2; step 3 trained, not saved; samples carried over
+    resumed = local_config(tmp_path, tiny_model_dir, *common, "run.steps=5", "run.resume=true",
+                           "run.overwrite=false")
+    train(resumed, rollout_worker=HFRolloutWorker)
+    assert [r["step"] for r in rows(resumed)] == [1, 2, 3, 4, 5]
+    kept = [*trained_groups[:2], *trained_groups[3:]]  # the first run's step 3 was not saved: trained again
+    groups = [t for step in kept for t in step]
+    assert len(kept) == 5 and len(groups) == len(set(groups)) == 20
+    state = json.loads((tmp_path / "quickstart" / "checkpoints" / "step_000004" / "driver_state.json").read_text())
+    assert state["data"]["next"] + len(state["data"]["consumed"]) == 16  # 4 steps x 4 prompts consumed, none twice

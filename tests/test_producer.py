@@ -10,7 +10,7 @@ from distrl.cluster.producer import Producer, default_chunk
 from distrl.config import DynamicSamplingConfig, RecoveryConfig, RewardConfig
 from distrl.data.stream import PromptStream
 from distrl.types.prompt import Prompt
-from distrl.types.rollouts import Episode, Rollouts
+from distrl.types.rollouts import PARTIAL, Episode, Rollouts
 from tests.one_turn import one_turn
 
 
@@ -221,3 +221,45 @@ def test_dynamic_sampling_compares_episodes_not_rows():
     assert batch.rewards == [1.0, 1.0, 1.0] and len(set(batch.rollouts.group)) == 1
     batch, stats = segmented_producer(Summarising(second="7"), filtering=True, prompts=1).next_batch(step=1)
     assert stats.filtered_groups == 0 and stats.kept_groups == 1
+
+
+class Tail:
+    """A rollout worker for partial rollouts whose samples of prompt 0 are 13 tokens long and all others 1: each
+    slice continues a sample from its prefix, stamped with `version` (which the test sets as a push would)."""
+
+    version = 0
+
+    def continue_samples(self, prefixes: Rollouts, samples: list[int], slice_tokens: int) -> Rollouts:
+        out = Rollouts.empty()
+        for i, ticket in enumerate(prefixes.group):
+            done = prefixes.response_ids[i]
+            total = 13 if ticket == 0 else 1
+            new = list(range(len(done), min(total, len(done) + slice_tokens)))
+            ids = [*done, *new]
+            out.add(prefixes.prompt_ids[i], ids, [-0.5] * len(ids), [1] * len(ids),
+                    [*prefixes.token_versions[i], *[Tail.version] * len(new)], "2" if len(ids) == total else "",
+                    "stop" if len(ids) == total else PARTIAL, ticket, Episode(), Tail.version)
+        return out
+
+
+def test_partial_rollouts_hand_out_finished_groups_and_carry_the_tail_until_it_is_due():
+    Tail.version = 0
+    group: LocalGroup = LocalGroup("rollout", LocalBackend(), lambda i, incarnation: Tail(), 1)
+    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(16)], seed=0, shuffle=False)
+    producer = Producer(group, stream, RewardConfig(), prompts_per_step=2, max_staleness=1, chunk_prompts=2,
+                        dynamic_sampling=None, load_weights=lambda i: Done(0), recovery=RecoveryConfig(),
+                        call_timeout_s=60.0, slice_tokens=2, samples_per_prompt=2)
+    first, stats = producer.next_batch(step=1)
+    # Prompt 0's samples (13 tokens, 2 a call) are still going: the finished groups 1 and 2 make the batch.
+    assert sorted(set(first.rollouts.group)) == [1, 2] and stats.carried_tokens is not None
+    assert stats.carried_tokens > 0 and 0 in producer.carry.groups
+    Tail.version = 1  # the update of step 1 is pushed
+    producer.set_version(1)
+    second, _ = producer.next_batch(step=2)
+    # Step 3 could no longer train prompt 0's oldest tokens (version 0, k = 1): step 2 waited for it.
+    assert 0 in second.rollouts.group
+    rows = [i for i, t in enumerate(second.rollouts.group) if t == 0]
+    versions = [second.rollouts.token_versions[i] for i in rows]
+    assert [len(v) for v in versions] == [13, 13] and all(v[0] == 0 for v in versions)
+    assert all(second.rollouts.policy_version[i] == 0 for i in rows)  # its staleness: 2 - 1 - 0 = 1 <= k
+    assert any(1 in v for v in versions)  # it went on under the weights pushed meanwhile

@@ -26,12 +26,15 @@ class BatchStats:
     engines: int | None = None  # rollout actors serving or starting when the batch was handed out (when their
     # number may change: cluster.rollout.min_actors / max_actors)
     redispatched_prompts: int = 0  # prompts whose chunk was lost with its actor and sent again
+    carried_tokens: int | None = None  # partial rollouts: tokens of unfinished groups when the batch was handed out
 
     def metrics(self) -> dict[str, float]:
         seen = self.kept_groups + self.filtered_groups
         elastic = ({"rollout/engines": float(self.engines), "rollout/engines_added": float(self.rollout_added),
                     "faults/rollout_retired": float(self.rollout_retired)} if self.engines is not None else {})
-        return {"reward/errors": float(self.reward_errors), "samples/dropped_stale": float(self.dropped_stale),
+        carried = {"partial/carried_tokens": float(self.carried_tokens)} if self.carried_tokens is not None else {}
+        return {**carried, "reward/errors": float(self.reward_errors),
+                "samples/dropped_stale": float(self.dropped_stale),
                 "faults/rollout_restarts": float(self.rollout_restarts), **elastic,
                 "faults/redispatched_prompts": float(self.redispatched_prompts),
                 "dynamic_sampling/filtered_groups": float(self.filtered_groups),
@@ -46,3 +49,19 @@ def staleness_metrics(versions: list[int], step: int) -> dict[str, float]:
     lags = [step - 1 - v for v in versions]
     return {"staleness/mean": statistics.fmean(lags), "staleness/max": float(max(lags)),
             "staleness/off_policy_frac": statistics.fmean(lag > 0 for lag in lags)}
+
+
+def token_age_metrics(token_versions: list[list[int]], loss_mask: list[list[int]], step: int) -> dict[str, float]:
+    """The trained tokens of `step` (update from version u = step - 1) by age u - v: the share of each age 0, 1 and
+    2+ (`tokens/age_<a>_share`), and the versions one sample spans (newest - oldest + 1, mean and max over samples
+    with a trained token: more than 1 when its sampling went on across a weight push)."""
+    ages = [step - 1 - v for versions, mask in zip(token_versions, loss_mask, strict=True)
+            for v, m in zip(versions, mask, strict=True) if m]
+    spans = [max(t) - min(t) + 1 for t in ([v for v, m in zip(vs, ms, strict=True) if m]
+                                           for vs, ms in zip(token_versions, loss_mask, strict=True)) if t]
+    if not ages:
+        return {}
+    shares = {name: sum(low <= a and (high is None or a <= high) for a in ages) / len(ages)
+              for name, low, high in (("0", 0, 0), ("1", 1, 1), ("2+", 2, None))}
+    return {**{f"tokens/age_{name}_share": share for name, share in shares.items()},
+            "tokens/versions_spanned_mean": statistics.fmean(spans), "tokens/versions_spanned_max": float(max(spans))}

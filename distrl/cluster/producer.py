@@ -21,6 +21,13 @@ engine takes chunks once it serves the current weights. The prompts of the chunk
 next chunks dispatched, keeping their tickets, so no prompt is lost or trained twice. The chunk size is set when
 the producer starts; engines that join later take chunks of that size.
 
+Partial rollouts (`slice_tokens` set, `loop.partial_rollouts`): chunks are of samples rather than prompts, and an
+engine samples at most `slice_tokens` tokens of each before the chunk returns; `distrl.cluster.carry` keeps every
+admitted group's samples until the group is complete, so the groups that finish first are handed out and the long
+tail goes on in later chunks, beside new prompts, under newer weights. Over-provisioning is the staleness bound's
+room: up to (k + 1) batches of groups are open at once. A batch waits only for a group that the next step could no
+longer train (`Carry.due`), so no sample is dropped for its length.
+
 Nothing is waited for without a bound: a generation chunk, a reward task or a call handed to `wait_for` that has
 not returned `call_timeout_s` after it was sent, or a replacement that does not serve within
 `recovery.start_timeout_s`, ends the run with an error naming it; an engine that cannot be reached waits for Ray's
@@ -38,6 +45,7 @@ from typing import Any
 
 from distrl.cluster import rewards
 from distrl.cluster.batch_stats import BatchStats
+from distrl.cluster.carry import Carry, Pieces
 from distrl.cluster.deadlines import Deadlines
 from distrl.cluster.engines import VERDICT_POLL_S, Engines
 from distrl.cluster.group import ActorGroup
@@ -45,7 +53,7 @@ from distrl.config import DynamicSamplingConfig, RecoveryConfig, RewardConfig
 from distrl.console import say
 from distrl.data.stream import PromptStream
 from distrl.types.prompt import Prompt
-from distrl.types.rollouts import ScoredRollouts
+from distrl.types.rollouts import Rollouts, ScoredRollouts
 from distrl.workers.rollout.worker import RolloutWorker
 
 
@@ -58,6 +66,7 @@ class _Chunk:
     scoring: list[Any] = field(default_factory=list)  # reward task handles, once generated
     left: set[Any] = field(default_factory=set)  # those not done yet
     rollouts: Any = None
+    pieces: Pieces | None = None  # partial rollouts: the samples sent (`tickets` then holds their groups' tickets)
 
 
 def default_chunk(prompts_per_step: int, actors: int, max_staleness: int, chunks_per_engine: int = 1) -> int:
@@ -86,7 +95,8 @@ class Producer:
                  dynamic_sampling: DynamicSamplingConfig | None, load_weights: Callable[[int], Any] | None,
                  recovery: RecoveryConfig, call_timeout_s: float, version: int = 0, chunks_per_engine: int = 1,
                  unreplaceable: str = "engines cannot be replaced in this job",
-                 engines: tuple[int, int] | None = None, pushes_skip: bool = True):
+                 engines: tuple[int, int] | None = None, pushes_skip: bool = True, slice_tokens: int | None = None,
+                 samples_per_prompt: int = 1):
         self.actors, self.backend, self.stream, self.reward = actors, actors.backend, stream, reward
         self.call_timeout_s = call_timeout_s
         self.batch, self.k, self.filter = prompts_per_step, max_staleness, dynamic_sampling
@@ -97,6 +107,8 @@ class Producer:
         self.scoring: dict[Any, _Chunk] = {}  # reward task handle -> its chunk (generated, rewards pending)
         self.ready: list[ScoredRollouts] = []  # scored groups, one per prompt
         self.redo: deque[tuple[int, Prompt]] = deque()  # (ticket, prompt) of chunks lost with their actor
+        self.slice_tokens = slice_tokens  # partial rollouts: tokens of a sample per chunk (None: whole samples)
+        self.carry = Carry(samples_per_prompt) if slice_tokens is not None else None
         self.deadlines = Deadlines(self.backend)
         fewest, most = engines or (len(actors), len(actors))
         self.engines = Engines(actors, load_weights=load_weights, unreplaceable=unreplaceable, recovery=recovery,
@@ -111,6 +123,8 @@ class Producer:
     # ----------------------------------------------------------------------------------------------- admission
     def _pending_groups(self) -> int:
         scoring = {id(c): c for c in self.scoring.values()}.values()
+        if self.carry is not None:  # its open groups are those generating, waiting or partly finished
+            return len(self.ready) + len(self.carry) + sum(len(c.tickets) for c in scoring)
         return len(self.ready) + len(self.redo) + sum(len(c.tickets) for c in (*self.in_flight.values(), *scoring))
 
     def _room(self) -> int:
@@ -118,16 +132,40 @@ class Producer:
         return (self.version + self.k + 1 - self.handed_out) * self.batch - self._pending_groups()
 
     def _admit(self) -> None:
+        if self.carry is not None:
+            self._admit_pieces(self.carry)
+            return
         while self.idle and (self.redo or self._room() > 0):
             actor = self.idle.pop()
             drawn = self._draw()
             tickets, prompts = [t for t, _ in drawn], [p for _, p in drawn]
             handle = self.actors.call(actor, RolloutWorker.generate, prompts, tickets)
-            now = time.perf_counter()
-            self._due(handle, now, f"{self.actors.name(actor)}'s generation of {len(prompts)} prompts")
-            if actor in self._idle_since:
-                self._idle_time += now - self._idle_since.pop(actor)
+            self._dispatched(handle, actor, f"{self.actors.name(actor)}'s generation of {len(prompts)} prompts")
             self.in_flight[handle] = _Chunk(actor, self.actors.incarnations[actor], tickets, prompts)
+
+    def _admit_pieces(self, carry: Carry) -> None:
+        """Partial rollouts: each free slot takes a chunk of waiting samples, carried-over ones (the oldest) first,
+        topped up with new prompts' samples while the staleness bound has room."""
+        size = self.chunk * carry.n
+        while self.idle:
+            room = self._room()
+            if room > 0 and len(carry.waiting) < size:
+                carry.admit(self.stream.take(min(self.chunk, room)), self.version)
+            pieces = carry.take(size)
+            if pieces is None:
+                return
+            actor = self.idle.pop()
+            handle = self.actors.call(actor, RolloutWorker.continue_samples, pieces.prefixes, pieces.samples,
+                                      self.slice_tokens)
+            self._dispatched(handle, actor, f"{self.actors.name(actor)}'s slice of {len(pieces.samples)} samples")
+            self.in_flight[handle] = _Chunk(actor, self.actors.incarnations[actor], sorted(set(pieces.prefixes.group)),
+                                            [], pieces=pieces)
+
+    def _dispatched(self, handle: Any, actor: int, what: str) -> None:
+        now = time.perf_counter()
+        self._due(handle, now, what)
+        if actor in self._idle_since:
+            self._idle_time += now - self._idle_since.pop(actor)
 
     def _draw(self) -> list[tuple[int, Prompt]]:
         """A chunk of prompts with their tickets: those lost with a dead actor first (they were admitted already,
@@ -149,8 +187,11 @@ class Producer:
         except Exception as err:
             if not self.actors.lost(chunk.actor, err):
                 raise
-            self.redo.extend(zip(chunk.tickets, chunk.prompts, strict=True))
-            self.stats.redispatched_prompts += len(chunk.prompts)
+            if chunk.pieces is not None and self.carry is not None:  # its samples wait again, prefixes kept
+                self.carry.lost(chunk.pieces)
+            else:
+                self.redo.extend(zip(chunk.tickets, chunk.prompts, strict=True))
+            self.stats.redispatched_prompts += len(chunk.tickets)
             self.lost(chunk.actor, chunk.incarnation, err)
             return
         if (chunk.incarnation == self.actors.incarnations[chunk.actor] and chunk.actor not in self.actors.retired
@@ -160,6 +201,14 @@ class Producer:
             self.idle.append(chunk.actor)
             if not any(c.actor == chunk.actor for c in self.in_flight.values()):
                 self._idle_since[chunk.actor] = time.perf_counter()
+        if chunk.pieces is not None and self.carry is not None:
+            complete = self.carry.returned(chunk.pieces, part)
+            if not complete:
+                return
+            # The groups it completed are scored as one chunk of their own.
+            chunk = _Chunk(chunk.actor, chunk.incarnation, [t for t, _, _ in complete], [p for _, p, _ in complete],
+                           rollouts=Rollouts.concat([r for _, _, r in complete]))
+            part = chunk.rollouts
         if all(e.reward is not None for e in part.episodes):  # the environment rewarded every episode
             self._on_scored(chunk, [float(e.reward or 0.0) for e in part.episodes], 0, None)
             return
@@ -305,7 +354,7 @@ class Producer:
         it took is in the stats (counters since the previous batch)."""
         while True:
             self._drop_stale(step)
-            if len(self.ready) >= self.batch:
+            if len(self.ready) >= self.batch and not self._waits_for_due(step):
                 break
             self._step([])
         self.ready.sort(key=lambda g: g.rollouts.group[0])
@@ -319,9 +368,25 @@ class Producer:
             stats.engines = len(self.actors.active())
         stats.buffer_depth = len(self.ready)
         stats.rollout_idle = self._idle_fraction()
+        if self.carry is not None:
+            stats.carried_tokens = self.carry.held_tokens()
         self._admit()
         rewards.check_failures(stats.reward_errors, stats.scored, stats.last_reward_error, self.reward, step)
         return ScoredRollouts.concat(taken), stats
+
+    def _waits_for_due(self, step: int) -> bool:
+        """Partial rollouts: whether an open group that the next step could no longer train (`Carry.due`) would
+        be among this batch's oldest `prompts_per_step` groups, were it ready (then the batch waits for it)."""
+        if self.carry is None:
+            return False
+        scoring = {id(c): c for c in self.scoring.values()}.values()  # complete groups whose rewards are pending
+        due = sorted([*self.carry.due(step, self.k),
+                      *(t for c in scoring for t, v in zip(c.rollouts.group, c.rollouts.policy_version, strict=True)
+                        if step - 1 - v >= self.k)])
+        if not due:
+            return False
+        last_taken = sorted(g.rollouts.group[0] for g in self.ready)[self.batch - 1]
+        return due[0] < last_taken
 
     def _drop_stale(self, step: int) -> None:
         fresh = [g for g in self.ready if step - 1 - min(g.rollouts.policy_version) <= self.k]

@@ -142,6 +142,11 @@ class Config(Section):
         return self.rollout.chunks_per_engine or (1 if self.env is None or self.cluster.hybrid_mode else 4)
 
     @property
+    def slice_tokens(self) -> int | None:
+        """Tokens of a sample per generation call with `loop.partial_rollouts` (None: samples end in one call)."""
+        return self.loop.slice_tokens if isinstance(self.loop, AsyncLoop) and self.loop.partial_rollouts else None
+
+    @property
     def max_staleness(self) -> int:
         """k of the loop: 0 for the synchronous loop."""
         return self.loop.max_staleness if isinstance(self.loop, AsyncLoop) else 0
@@ -228,6 +233,16 @@ class Config(Section):
         errors += tensor_parallel_problems(self.rollout, self.cluster)
         errors += routing_replay_problems(self.rollout, self.learner, self.cluster,
                                           self.reference if self.needs_reference else None)
+        if isinstance(self.loop, AsyncLoop) and self.loop.partial_rollouts:
+            if self.env is not None:
+                errors.append("loop.partial_rollouts continues one-turn samples; env is set (multi-turn episodes "
+                              "end within the call that started them): remove env or loop.partial_rollouts")
+            if self.rollout.sampling.stop:
+                errors.append("loop.partial_rollouts with rollout.sampling.stop: a stop string could span two of a "
+                              "sample's slices and be missed; remove the stop strings or loop.partial_rollouts")
+            if self.rollout.routing_replay:
+                errors.append("loop.partial_rollouts with rollout.routing_replay: a continued sample's routes are "
+                              "not carried from one slice to the next; set one of them false")
         s = self.rollout.sampling
         if self.algorithm.old_logprobs == "rollout" and (s.top_p < 1.0 or s.top_k > 0):
             errors.append("algorithm.old_logprobs 'rollout' with rollout.sampling.top_p < 1 or "

@@ -20,7 +20,7 @@ from distrl import checkpoint, merging
 from distrl.algo import metrics_by_staleness, mismatch_metrics
 from distrl.batching import advantages, gae_advantages, select_by_covariance
 from distrl.cluster import rewards
-from distrl.cluster.batch_stats import BatchStats, staleness_metrics
+from distrl.cluster.batch_stats import BatchStats, staleness_metrics, token_age_metrics
 from distrl.cluster.group import ActorGroup
 from distrl.cluster.producer import Producer
 from distrl.cluster.roles import Roles
@@ -191,6 +191,7 @@ def complete_batch(job: Job, scored: ScoredRollouts, sequences: Sequences, ref: 
                                       cfg.rollout.n_samples_per_prompt, cfg.algorithm, cfg.loss.kl,
                                       episode=torch.tensor(scored.rollouts.episode_index(), dtype=torch.long))
         metrics.update(staleness_metrics(scored.rollouts.policy_version, step))
+        metrics.update(token_age_metrics(scored.rollouts.token_versions, scored.rollouts.loss_mask, step))
         if old_logprobs is not None:
             metrics.update(correction_by_staleness(job, sequences, old_logprobs, step))
         metrics.update(replay)

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field, fields
 from itertools import pairwise
 from typing import Any
 
+PARTIAL = "partial"
+"""The finish reason of a sample not finished yet (`loop.partial_rollouts`): it is carried over and continued."""
+
 
 @dataclass(frozen=True)
 class Episode:
@@ -77,7 +80,8 @@ so a group has n episodes and at least n rows; "sample" below means a row.
     token_versions[i]    version of the weights that sampled each token, len L_i (observation tokens carry the
                          version of the turn before them)
     response_texts[i]    detokenized response
-    finish_reasons[i]    "stop" (EOS or stop string) or "length" (of the last turn)
+    finish_reasons[i]    "stop" (EOS or stop string) or "length" (of the last turn); `PARTIAL` for a sample not
+                         finished yet (partial rollouts: it is continued later, never trained as it is)
     group[i]             the prompt's ticket: its position in the stream of prompts the driver handed out (the
                          group id of group estimators, and what a checkpoint records as trained)
     policy_version[i]    the oldest version among sample i's trained tokens (what its staleness is counted from)

@@ -1,7 +1,8 @@
 """The asynchronous loop for real (Ray actors, vLLM CPU engines, transformers learners): the async quickstart
 learns with its engine on another node than the learner and reference; no trained sample is staler than
 `loop.max_staleness` in either scaling direction (2 rollout actors x 1 learner with dynamic sampling, which fills
-batches with groups that carry a signal; 1 x 2 cut and resumed, which continues where its checkpoint left off).
+batches with groups that carry a signal, and partial rollouts, whose samples go on across weight pushes; 1 x 2 cut
+and resumed, which continues where its checkpoint left off).
 
 Each run carries several checks: starting one costs more than all its steps."""
 
@@ -33,8 +34,9 @@ def test_async_quickstart_learns_within_the_bound_on_two_nodes(ray_session, tmp_
     assert nodes["rollout-0"] == ray_session.named["inference"].node_id != nodes["learner-0"]
 
 
-def test_two_engines_one_learner_within_the_bound_with_dynamic_sampling(ray_session, tmp_path):
+def test_two_engines_one_learner_partial_rollouts_within_the_bound_with_dynamic_sampling(ray_session, tmp_path):
     cfg = quickstart(tmp_path, "loop.mode=async", "loop.max_staleness=2", "run.steps=6",
+                     "loop.partial_rollouts=true", "loop.slice_tokens=4",
                      "cluster.rollout.num_actors=2", "cluster.learner.num_cpus=0.25", "rollout.prompts_per_step=4",
                      "rollout.chunk_prompts=1", "learner.micro_batch_size=8",
                      "reward.function=tests.binary_rewards:has_digit", "rollout.dynamic_sampling.max_rounds=20")
@@ -47,6 +49,11 @@ def test_two_engines_one_learner_within_the_bound_with_dynamic_sampling(ray_sess
     assert sum(h["dynamic_sampling/filtered_groups"] for h in history) > 0
     assert all(h["dynamic_sampling/cap_reached"] == 0 for h in history)
     assert all(h["reward/std"] > 0 for h in history)
+    # Partial rollouts: samples of up to 16 tokens drawn 4 at a time; some went on under weights pushed meanwhile,
+    # each token stamped with its own version, and none waited so long that it was dropped.
+    assert any(h["partial/carried_tokens"] > 0 for h in history)
+    assert any(h["tokens/versions_spanned_max"] > 1 for h in history)
+    assert sum(h["samples/dropped_stale"] for h in history) == 0
 
 
 def test_one_engine_two_learners_within_the_bound_cut_and_resumed(ray_session, tmp_path):

@@ -38,6 +38,7 @@ from distrl.workers.rollout.engine_loop import EngineLoop
 from distrl.workers.rollout.engine_weights import EngineWeights
 from distrl.workers.rollout.episodes import EngineStepper, Resampled
 from distrl.workers.rollout.sampling import eval_sampling, request_seed, sampling_params
+from distrl.workers.rollout.slices import continue_samples
 from distrl.workers.weights import fingerprint
 from distrl.workers.weights.fingerprint import Fingerprint, Held, Region
 from distrl.workers.weights.pieces import BucketParts, assemble
@@ -235,6 +236,16 @@ class RolloutWorker:
             n = sampling.n
         # A module function, not a method: Ray runs a class with any coroutine method as an asyncio actor.
         return self.engine.run(run_episodes(self, prompts, groups, runner, n))
+
+    def continue_samples(self, prefixes: Rollouts, samples: list[int], slice_tokens: int) -> Rollouts:
+        """Partial rollouts (`loop.partial_rollouts`): one slice of at most `slice_tokens` tokens of each row of
+        `prefixes` (sample `samples[i]` of its prompt, continued from the response it has; see
+        `distrl.workers.rollout.slices`), all sharing the engine with every other call in flight."""
+        self._check_usable()
+        seeds = [request_seed(self.seed, ticket) for ticket in prefixes.group]
+        return self.engine.run(continue_samples(self.stepper, self.runner.budget, prefixes, samples, seeds,
+                                                slice_tokens,
+                                                functools.partial(self.tokenizer.decode, skip_special_tokens=True)))
 
     def version(self) -> int:
         """The policy version this engine serves."""
