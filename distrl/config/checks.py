@@ -111,6 +111,22 @@ def routing_replay_problems(rollout: RolloutConfig, learner: LearnerConfig, clus
     return errors
 
 
+def partial_rollout_problems(rollout: RolloutConfig, episodes: bool) -> list[str]:
+    """What `loop.partial_rollouts` (samples generated a slice at a time, continued across calls) cannot continue:
+    multi-turn episodes (`episodes`: `env` is set), stop strings, routes."""
+    errors = []
+    if episodes:
+        errors.append("loop.partial_rollouts continues one-turn samples; env is set (multi-turn episodes end within "
+                      "the call that started them): remove env or loop.partial_rollouts")
+    if rollout.sampling.stop:
+        errors.append("loop.partial_rollouts with rollout.sampling.stop: a stop string could span two of a sample's "
+                      "slices and be missed; remove the stop strings or loop.partial_rollouts")
+    if rollout.routing_replay:
+        errors.append("loop.partial_rollouts with rollout.routing_replay: a continued sample's routes are not "
+                      "carried from one slice to the next; set one of them false")
+    return errors
+
+
 def lora_problems(learner: LearnerConfig, reference: ReferenceConfig, cluster: ClusterConfig,
                   needs_ref_logprobs: bool) -> list[str]:
     """What `learner.lora` cannot be combined with, and why."""

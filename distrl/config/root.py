@@ -16,6 +16,7 @@ from distrl.config.checks import (
     hybrid_problems,
     learner_batch_problems,
     lora_problems,
+    partial_rollout_problems,
     routing_replay_problems,
     sequence_parallel_problems,
     tensor_parallel_problems,
@@ -233,16 +234,8 @@ class Config(Section):
         errors += tensor_parallel_problems(self.rollout, self.cluster)
         errors += routing_replay_problems(self.rollout, self.learner, self.cluster,
                                           self.reference if self.needs_reference else None)
-        if isinstance(self.loop, AsyncLoop) and self.loop.partial_rollouts:
-            if self.env is not None:
-                errors.append("loop.partial_rollouts continues one-turn samples; env is set (multi-turn episodes "
-                              "end within the call that started them): remove env or loop.partial_rollouts")
-            if self.rollout.sampling.stop:
-                errors.append("loop.partial_rollouts with rollout.sampling.stop: a stop string could span two of a "
-                              "sample's slices and be missed; remove the stop strings or loop.partial_rollouts")
-            if self.rollout.routing_replay:
-                errors.append("loop.partial_rollouts with rollout.routing_replay: a continued sample's routes are "
-                              "not carried from one slice to the next; set one of them false")
+        if self.slice_tokens is not None:
+            errors += partial_rollout_problems(self.rollout, self.env is not None)
         s = self.rollout.sampling
         if self.algorithm.old_logprobs == "rollout" and (s.top_p < 1.0 or s.top_k > 0):
             errors.append("algorithm.old_logprobs 'rollout' with rollout.sampling.top_p < 1 or "
