@@ -1,7 +1,7 @@
 """Pushes into engines serving a mixture of experts (vLLM's CPU build, in this process, no Ray): the tiny Qwen3-MoE
 and Mixtral take the learners' expert stacks and router from two learners' row blocks (each holding half the
 experts, as FSDP2 shards them), every worker proves them expert by expert (at TP 2, its block of every expert's
-intermediate dimension), the engine then samples the log-probs transformers gives the pushed weights, and a stale
+intermediate dimension; both models at TP 1 and TP 2), the engine then samples the log-probs transformers gives the pushed weights, and a stale
 expert is named."""
 
 from __future__ import annotations
@@ -86,10 +86,12 @@ def test_a_push_into_a_moe_engine_is_proven_expert_by_expert(arch, request):
         worker.close()
 
 
-def test_two_workers_each_prove_their_block_of_every_expert(tiny_qwen3_moe_dir):
-    worker = engine(tiny_qwen3_moe_dir, 2)
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_two_workers_each_prove_their_block_of_every_expert(arch, request):
+    model_dir = request.getfixturevalue(f"tiny_{arch}_dir")
+    worker = engine(model_dir, 2)
     try:
-        model, state = perturbed(tiny_qwen3_moe_dir, seed=2)
+        model, state = perturbed(model_dir, seed=2)
         push(worker, 1, state)
         held = worker.worker_regions()
         # Each worker: its 32 of every expert's 64 gate rows and 64 up rows, and of its 64 down columns.
