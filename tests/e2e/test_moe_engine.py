@@ -1,8 +1,8 @@
 """Pushes into engines serving a mixture of experts (vLLM's CPU build, in this process, no Ray): the tiny Qwen3-MoE
 and Mixtral take the learners' expert stacks and router from two learners' row blocks (each holding half the
 experts, as FSDP2 shards them), every worker proves them expert by expert (at TP 2, its block of every expert's
-intermediate dimension; both models at TP 1 and TP 2), the engine then samples the log-probs transformers gives the pushed weights, and a stale
-expert is named."""
+intermediate dimension; both models at TP 1 and TP 2), the engine then samples the log-probs transformers gives the
+pushed weights, and a stale expert is named."""
 
 from __future__ import annotations
 
