@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from distrl.agents.trajectory import Budget, Sampled, turn_seed
+from distrl.agents.trajectory import TURN_STRIDE, Budget, Sampled, turn_seed
 from distrl.cluster.carry import Carry
 from distrl.data.stream import PromptStream
 from distrl.types.prompt import Prompt
@@ -25,7 +25,7 @@ class ScriptedSampler:
 
     async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> Sampled:
         self.seeds.append(seed)
-        ticket, j = self.tickets[prompt_ids[0]], seed & 0xFFFF  # the test's seeds are 0: seed = j + (slice << 32)
+        ticket, j = self.tickets[prompt_ids[0]], seed % TURN_STRIDE  # the test's base seeds are 0: j + slice strides
         done = len(prompt_ids) - 1  # a one-token prompt, then the prefix
         total = self.lengths[(ticket, j)]
         take = min(max_tokens, total - done)

@@ -98,10 +98,20 @@ def drift(echoed: list[int], expected: list[int]) -> int:
     return sum(a != b for a, b in zip(echoed, expected, strict=False)) + abs(len(echoed) - len(expected))
 
 
+# Turn t's seed is t strides above the first turn's. The stride is odd and below 2**32 so that the low 32 bits
+# differ: a CPU torch generator (vLLM's on CPU, transformers' sampler) is seeded from those bits only, and a stride
+# of 2**32 gave every turn of a sample the first turn's random stream again (issue 37: a partial rollout that
+# outlived its first slice replayed its draws slice after slice and never ended). It is 2**32 over the golden ratio,
+# whose multiples stay far apart modulo 2**32: turn t of sample j never meets turn t' of sample j' of the same
+# prompt for the thousands of turns and samples a run has.
+TURN_STRIDE = 0x9E3779B9
+
+
 def turn_seed(base: int, sample: int, turn: int) -> int:
     """Seed of turn `turn` of sample `sample` of a prompt whose request seed is `base`: the first turn's is vLLM's
-    own for the j-th of n samples (base + j), so a one-turn episode samples what `n`-sample generation does."""
-    return base + sample + (turn << 32)
+    own for the j-th of n samples (base + j), so a one-turn episode samples what `n`-sample generation does; each
+    later turn's is `TURN_STRIDE` further (below 2**63, vLLM's bound, for base below 2**56 and any run's turns)."""
+    return base + sample + turn * TURN_STRIDE
 
 
 @dataclass

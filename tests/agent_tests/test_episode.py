@@ -15,7 +15,7 @@ from distrl.agents.chat import ChatRenderer
 from distrl.agents.env import Start, Step, Turn
 from distrl.agents.episode import EpisodeRunner, as_rollouts
 from distrl.agents.host import EnvError, EnvHost, EnvLost
-from distrl.agents.trajectory import Budget, Sampled, drift, turn_seed
+from distrl.agents.trajectory import TURN_STRIDE, Budget, Sampled, drift, turn_seed
 from distrl.config import ModelConfig
 from distrl.workers.model_files import load_tokenizer
 
@@ -192,6 +192,27 @@ def test_drift_counts_positions_and_length():
     assert run(Script([[10], [11]], echo_extra=1), host(turns=2)).episode.drift == 2  # one per turn
 
 
+def test_turn_seeds_are_the_first_turns_then_a_stride_apart():
+    # turn 0 of sample 2 is vLLM's own seed for the third of n samples (base + 2); turn 3 is 3 strides further.
+    assert turn_seed(1000, 2, 0) == 1002
+    assert turn_seed(1000, 2, 3) == 1002 + 3 * 0x9E3779B9 == 7963308309
+    assert turn_seed(2**56 - 1, 1023, 4095) < 2**63  # vLLM refuses seeds from 2**63
+
+
+def test_the_turns_of_a_sample_draw_different_streams_on_a_cpu_generator():
+    # A CPU torch generator (vLLM's sampler on CPU) is seeded from the seed's low 32 bits only: turns whose seeds
+    # differed above them (a stride of 2**32) drew the first turn's noise again, so a partial rollout that outlived
+    # its first slice never ended (issue 37). Every (sample, turn) of a prompt must have its own stream.
+    import torch
+
+    base = 0x00AB_CDEF_1234_5678  # a request seed: 56 bits of a hash
+    seeds = [turn_seed(base, j, t) for j in range(8) for t in range(64)]
+    assert len({s & 0xFFFF_FFFF for s in seeds}) == len(seeds)
+    streams = {tuple(torch.randint(0, 2**31, (4,), generator=torch.Generator().manual_seed(s)).tolist())
+               for s in seeds}
+    assert len(streams) == len(seeds)
+
+
 # ------------------------------------------------------------------------------- the tiny model's chat template
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Arithmetic.",
                                            "parameters": {"type": "object",
@@ -266,7 +287,7 @@ def test_an_episode_whose_environment_host_died_runs_again_from_its_first_turn()
     [result] = asyncio.run(runner.run("7.1", [1, 2], {"q": "?"}, seed=1000, sample=1))
     assert (result.episode.restarts, result.episode.turns, result.episode.reward) == (1, 2, 1.25)
     assert result.trajectory.response_ids[:2] == [10, EOS] and result.trajectory.mask.count(0) == 1
-    assert sampler.seeds == [1001, 1001, 1001 + (1 << 32)]  # the restart samples with the same seeds again
+    assert sampler.seeds == [1001, 1001, 1001 + TURN_STRIDE]  # the restart samples with the same seeds again
     assert client.ended == ["7.1", "7.1.r1"]
     with pytest.raises(EnvLost, match=r"episode 7.1: its environment's host died 2 times, more than "):
         asyncio.run(EpisodeRunner(Script([[10]] * 4), FixedChat(), BUDGET, Losing(host(turns=2), lost=2),

@@ -12,7 +12,7 @@ from distrl.agents.chat import ChatRenderer
 from distrl.agents.episode import EpisodeRunner
 from distrl.agents.host import EnvHost
 from distrl.agents.tool_calls import ToolCallParser
-from distrl.agents.trajectory import Budget, EpisodeResult, Sampled
+from distrl.agents.trajectory import TURN_STRIDE, Budget, EpisodeResult, Sampled
 
 BUDGET = Budget(max_turns=6, max_tokens=400, context=1024, max_new_tokens=100)
 
@@ -29,7 +29,7 @@ class Turns:
         self.prompts: dict[int, list[list[int]]] = {}
 
     async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> Sampled:
-        asked = self.prompts.setdefault(seed & 0xFFFFFFFF, [])  # turn_seed(base, sample, turn): per episode
+        asked = self.prompts.setdefault(seed % TURN_STRIDE, [])  # turn_seed's base + sample: per episode
         asked.append(list(prompt_ids))
         if self.before_turn is not None:
             self.before_turn(len(asked) - 1)
