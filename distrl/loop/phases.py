@@ -74,14 +74,14 @@ class Job:
 def data_groups(job: Job, role: str = "learner") -> int:
     """The data-parallel groups of `role` ("learner", "critic" or "reference"): with its `sequence_parallel_size` k,
     each k actors share every micro-batch of one part of the batch."""
-    group = {"learner": job.roles.learner, "critic": job.roles.critic, "reference": job.roles.reference}[role]
+    group = getattr(job.roles, role)  # the Roles field of that name
     assert group is not None
     return len(group) // sequence_parallel(job, role)
 
 
 def sequence_parallel(job: Job, role: str) -> int:
     """k of `role`: `learner.sequence_parallel_size`, the critic's or the reference's."""
-    section = {"learner": job.cfg.learner, "critic": job.cfg.critic, "reference": job.cfg.reference}[role]
+    section = getattr(job.cfg, role)  # the config section of that name
     assert section is not None
     return section.sequence_parallel_size
 
