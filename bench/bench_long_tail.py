@@ -7,8 +7,8 @@ another in this process (each with its own embedded Ray cluster, so they meet th
 The workload: prompts that ask for an answer of a stated length in words, with a heavy tail that users would
 recognise. 1 prompt in 20 (it ends with "!") asks for `--max-new-tokens` words and is answered to the token limit;
 the others (ending with ".") ask for 4 words and are answered in about 10 (median; 90% under 35, about 1 in 60 past
-64). The reward (`bench/stated_length.py`) is how close the answer's length is to the asked one: max(0, 1 - |n - L|
-/ L) for n words asked L. The model is distrl's tiny random Llama with its weights set so that it follows that
+64). The reward (`bench/stated_length.py`) is how close the answer's length is to the asked one: min(n, L) / max(n,
+L) for n words asked L. The model is distrl's tiny random Llama with its weights set so that it follows that
 request without training (`long_tail_model`), warm-started in that sense: the last prompt token puts the first
 response token in one of two sets of whole-word tokens (so that an answer's words are its tokens), each of which
 keeps to itself (its embeddings share a direction; the LM head reads that direction); the end-of-sequence row of
