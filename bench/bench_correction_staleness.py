@@ -4,21 +4,24 @@ task (the tiny test model, no warm start: minutes where the example's warm start
 the asynchronous loop with
 `loop.max_staleness` k, with decoupled correction (old log-probs recomputed by the learners: the proximal policy;
 token-level TIS into [0, 2], the config's) against none (the same proximal PPO ratio, every IS weight 1), from the
-same warm start and the same seed; the synchronous loop beside them as the on-policy reference.
+same warm start and the same seed; the synchronous loop beside them as the on-policy reference. With
+`--slice-tokens N` the asynchronous arms run partial rollouts (`loop.partial_rollouts`, `loop.slice_tokens` N): a
+sample's tokens may then come from several versions, each token corrected with its own behaviour log-prob.
 
     PYTHONPATH=. .venv/bin/python bench/bench_correction_staleness.py [--task reasoning-gym] [--steps 60]
-        [--max-staleness 4]
+        [--max-staleness 4] [--slice-tokens 0]
         [--arms sync,tis,none] [--seeds 0] [--warm-start-steps 2500] [--model DIR] [--set key=value ...]
 
 Reported per arm and seed: the training reward (128 samples a step; the quickstart's 64) in windows of 10 steps,
 the held-out mean reward after the last step (`eval/<set>/accuracy`: the example's 200 questions, 4 samples each
 at T = 1; the quickstart's own held-out prompts), the staleness the batches had, the
 update's clip share and KL to the reference; then the correction's figures by staleness (`correction/<figure>/
-staleness_<age>`, averaged over the steps that held tokens of that age; ages 2 to k share the bucket `2+`), and the
-steps at which `run.correction_alarm` (its defaults) fired, if it did. Without a correction only the mismatch
-figures exist. The asynchronous arms' samples depend on which weights an engine held when it drew them, a matter of
-timing: two runs of one seed are two draws, so compare arms against the spread of their seeds. The rows of every run
-are written to OUT/<arm>-seed<seed>/metrics.jsonl (OUT: --out, a temporary directory by default).
+staleness_<age>`, averaged over the steps that held tokens of that age: ages 0 to 3 each, older ones `4+`), the
+share of trained tokens of each age, and the steps at which `run.correction_alarm` (its defaults) fired, if it did.
+Without a correction only the mismatch figures exist. The asynchronous arms' samples depend on which weights an
+engine held when it drew them, a matter of timing: two runs of one seed are two draws, so compare arms against the
+spread of their seeds. The rows of every run are written to OUT/<arm>-seed<seed>/metrics.jsonl (OUT: --out, a
+temporary directory by default).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from distrl.algo.correction import STALENESS_BUCKETS  # noqa: E402
 from examples.reasoning_gym.run import CONFIG, DEFAULT_WARM_START_STEPS, TOKENIZER_ROWS, WARM_BATCH  # noqa: E402
 
 TASKS = {"reasoning-gym": (CONFIG, "held_out"), "quickstart": (Path("configs/quickstart.yaml"), "toy-heldout")}
@@ -41,7 +45,7 @@ TASKS = {"reasoning-gym": (CONFIG, "held_out"), "quickstart": (Path("configs/qui
 ARMS = {"sync": ["loop.mode=sync"],
         "tis": ["loop.mode=async"],  # the config's loss.correction: token-level TIS into [0, 2]
         "none": ["loop.mode=async", "loss.correction=null"]}
-AGES = ("0", "1", "2+")
+AGES = tuple(name for name, _, _ in STALENESS_BUCKETS)
 FIGURES = ("mismatch_k3", "ess", "weight_min", "weight_max", "frac_truncated")
 WINDOW = 10
 
@@ -117,6 +121,13 @@ def report(runs: dict[str, list[dict]], steps: int, held_out_set: str) -> None:
               + f"{held_out if held_out is not None else float('nan'):>10.3f}"
               + f"{mean_of(rows, 'staleness/mean') or 0.0:>11.2f}{max(r['staleness/max'] for r in rows):>5.0f}"
               + f"{mean_of(rows, 'clip/frac') or 0.0:>8.4f}{mean_of(rows, 'kl/ref') or 0.0:>9.5f}")
+    print("\nshare of trained tokens by age, mean over steps; versions one sample spans, mean and max over steps")
+    print(f"{'run':<14}" + "".join(f"{f'age {a}':>9}" for a in AGES) + f"{'spanned':>9}{'max':>5}")
+    for name, rows in runs.items():
+        shares = [mean_of(rows, f"tokens/age_{a}_share") or 0.0 for a in AGES]
+        spanned = mean_of(rows, "tokens/versions_spanned_mean") or 1.0
+        most = max(r.get("tokens/versions_spanned_max", 1.0) for r in rows)
+        print(f"{name:<14}" + "".join(f"{s:>9.3f}" for s in shares) + f"{spanned:>9.2f}{most:>5.0f}")
     print("\ncorrection by staleness, mean over the steps holding tokens of that age (steps: how many)")
     print(f"{'run':<14}{'age':>4}{'steps':>6}" + "".join(f"{f:>15}" for f in FIGURES))
     for name, rows in runs.items():
@@ -135,6 +146,8 @@ def main() -> None:
     parser.add_argument("--task", choices=list(TASKS), default="reasoning-gym")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--max-staleness", type=int, default=4, help="loop.max_staleness of the asynchronous arms")
+    parser.add_argument("--slice-tokens", type=int, default=0,
+                        help="partial rollouts in the asynchronous arms, N tokens a slice (0: off)")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
     parser.add_argument("--seeds", default="0", help="run seeds, comma-separated")
     parser.add_argument("--warm-start-steps", type=int, default=DEFAULT_WARM_START_STEPS)
@@ -159,6 +172,8 @@ def main() -> None:
     for seed in (int(s) for s in args.seeds.split(",")):
         for arm in arms:
             staleness = [] if arm == "sync" else [f"loop.max_staleness={args.max_staleness}"]
+            if arm != "sync" and args.slice_tokens:
+                staleness += ["loop.partial_rollouts=true", f"loop.slice_tokens={args.slice_tokens}"]
             backend = ["cluster.backend=local", "run.ray_metrics=false"] if args.local else []
             runs[f"{arm}-seed{seed}"] = run(args.task, out, f"{arm}-seed{seed}", model, args.steps, seed,
                                             [*ARMS[arm], *staleness, *backend, *args.overrides], args.local)

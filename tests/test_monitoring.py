@@ -27,9 +27,10 @@ KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "boo
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tiny_model_dir) -> set[str]:
     """The Prometheus name of every figure distrl's loop writes to Ray (RayMetricsSink: `step` and each row's
-    measured keys), from a run on the local backend: the asynchronous loop with staleness up to 2 (every staleness
-    bucket) and a checkpoint. It writes every key the synchronous loop does (a key only that loop wrote would make
-    the test below fail, not pass). Then a short multi-turn job (an `env` section) for the `agent/*` figures."""
+    measured keys), from a run on the local backend: the asynchronous loop with staleness up to 2 (the staleness
+    buckets 0 to 2, those the dashboard shows) and a checkpoint. It writes every key the synchronous loop does (a key
+    only that loop wrote would make the test below fail, not pass). Then a short multi-turn job (an `env` section) for
+    the `agent/*` figures."""
     cfg = config.load(ROOT / "configs" / "quickstart.yaml", [
         f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path_factory.mktemp('run')}", "run.progress=false",
         "run.ray_metrics=false", "run.tensorboard=false", "cluster.backend=local", "rollout.prompts_per_step=4",

@@ -360,7 +360,7 @@ def test_tracker_ids_are_kept_for_a_resume_and_a_failed_start_names_the_tracker(
 
 
 def test_mlflow_names_and_params():
-    assert metric_name("correction/mismatch_kl/staleness_2+") == "correction/mismatch_kl/staleness_2plus"
+    assert metric_name("correction/mismatch_kl/staleness_4+") == "correction/mismatch_kl/staleness_4plus"
     assert metric_name("eval/gsm8k/pass@4") == "eval/gsm8k/pass_at_4"
     assert metric_name("agent/tool:python (calls)") == "agent/tool:python _calls_"
     assert flatten({"a": {"b": 1, "c": None}, "d": [1, 2], "e": "x", "f": {}}) == {

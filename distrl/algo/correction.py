@@ -93,8 +93,9 @@ def weight_metrics(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, torch
             "is_weight_max": torch.where(any_valid, w_max, 0.0), "is_ess": ess}
 
 
-STALENESS_BUCKETS = (("0", 0, 0), ("1", 1, 1), ("2+", 2, None))
-"""(name, lowest, highest or None) of the staleness buckets that correction metrics are split by."""
+STALENESS_BUCKETS = (("0", 0, 0), ("1", 1, 1), ("2", 2, 2), ("3", 3, 3), ("4+", 4, None))
+"""(name, lowest, highest or None) of the staleness buckets that correction metrics and token ages are split by:
+one per age up to 4 (`loop.max_staleness` is rarely set higher; older tokens share `4+`)."""
 
 
 def metrics_by_staleness(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from distrl.algo.correction import STALENESS_BUCKETS
+
 
 @dataclass
 class BatchStats:
@@ -52,9 +54,10 @@ def staleness_metrics(versions: list[int], step: int) -> dict[str, float]:
 
 
 def token_age_metrics(token_versions: list[list[int]], loss_mask: list[list[int]], step: int) -> dict[str, float]:
-    """The trained tokens of `step` (update from version u = step - 1) by age u - v: the share of each age 0, 1 and
-    2+ (`tokens/age_<a>_share`), and the versions one sample spans (newest - oldest + 1, mean and max over samples
-    with a trained token: more than 1 when its sampling went on across a weight push)."""
+    """The trained tokens of `step` (update from version u = step - 1) by age u - v: the share of each bucket of
+    `STALENESS_BUCKETS` (ages 0, 1, 2, 3 and 4+: `tokens/age_<a>_share`), and the versions one sample spans (newest -
+    oldest + 1, mean and max over samples with a trained token: more than 1 when its sampling went on across a weight
+    push)."""
     ages = [step - 1 - v for versions, mask in zip(token_versions, loss_mask, strict=True)
             for v, m in zip(versions, mask, strict=True) if m]
     spans = [max(t) - min(t) + 1 for t in ([v for v, m in zip(vs, ms, strict=True) if m]
@@ -62,6 +65,6 @@ def token_age_metrics(token_versions: list[list[int]], loss_mask: list[list[int]
     if not ages:
         return {}
     shares = {name: sum(low <= a and (high is None or a <= high) for a in ages) / len(ages)
-              for name, low, high in (("0", 0, 0), ("1", 1, 1), ("2+", 2, None))}
+              for name, low, high in STALENESS_BUCKETS}
     return {**{f"tokens/age_{name}_share": share for name, share in shares.items()},
             "tokens/versions_spanned_mean": statistics.fmean(spans), "tokens/versions_spanned_max": float(max(spans))}

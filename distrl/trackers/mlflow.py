@@ -25,7 +25,7 @@ NOT_IN_NAME = re.compile(r"[^\w\-.:/ ]")
 
 
 def metric_name(key: str) -> str:
-    """`key` as MLflow accepts it: `.../staleness_2+` -> `.../staleness_2plus`, `eval/gsm8k/pass@4` ->
+    """`key` as MLflow accepts it: `.../staleness_4+` -> `.../staleness_4plus`, `eval/gsm8k/pass@4` ->
     `eval/gsm8k/pass_at_4`, any other character MLflow refuses -> `_`."""
     return NOT_IN_NAME.sub("_", key.replace("+", "plus").replace("@", "_at_"))
 

@@ -155,15 +155,24 @@ def test_weight_invariants(batch, mode_level):
 def test_mismatch_figures_split_by_each_tokens_own_staleness():
     """A multi-turn episode's turns may come from different versions: staleness per token `[B, T]`.
     d = old - rollout: row 0 = [-1, -2, -4] with staleness [0, 0, 1]; row 1 = [-3, 0, 0] with [1, 2, 2], its last
-    token padding. mismatch_kl = mean(-d): bucket 0 over {1, 2} = 1.5; bucket 1 over {4, 3} = 3.5; bucket 2+ over {0}
+    token padding. mismatch_kl = mean(-d): bucket 0 over {1, 2} = 1.5; bucket 1 over {4, 3} = 3.5; bucket 2 over {0}
     = 0 (padding left out)."""
     old = torch.tensor([[-1.0, -2.0, -4.0], [-3.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     staleness = torch.tensor([[0, 0, 1], [1, 2, 2]])
     figures = metrics_by_staleness(old, torch.zeros(2, 3), mask, staleness, None)
-    assert {k: float(v["mismatch_kl"]) for k, v in figures.items()} == {"0": 1.5, "1": 3.5, "2+": 0.0}
+    assert {k: float(v["mismatch_kl"]) for k, v in figures.items()} == {"0": 1.5, "1": 3.5, "2": 0.0}
     per_row = metrics_by_staleness(old, torch.zeros(2, 3), mask, torch.tensor([0, 1]), None)  # [B]: whole rows
     assert {k: float(v["mismatch_kl"]) for k, v in per_row.items()} == {"0": pytest.approx(7 / 3), "1": 1.5}
+
+
+def test_each_age_up_to_3_has_its_bucket_and_older_tokens_share_4_plus():
+    """d = old - rollout = [-1, -2, -3, -4, -6] at staleness [2, 3, 4, 5, 4]: mismatch_kl = mean(-d) is 1 at age 2, 2
+    at age 3 and (3 + 4 + 6) / 3 = 13/3 over ages 4 and 5 (bucket 4+)."""
+    old = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -6.0]])
+    figures = metrics_by_staleness(old, torch.zeros(1, 5), torch.ones(1, 5), torch.tensor([[2, 3, 4, 5, 4]]), None)
+    assert {k: float(v["mismatch_kl"]) for k, v in figures.items()} == {"2": 1.0, "3": 2.0,
+                                                                        "4+": pytest.approx(13 / 3)}
 
 
 def test_ess_of_equal_weights_is_one_and_of_one_dominant_weight_one_over_n():
@@ -183,7 +192,7 @@ def test_ess_and_truncated_share_split_by_staleness_by_hand():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     staleness = torch.tensor([[0, 0, 1], [1, 1, 1]])
     figures = metrics_by_staleness(old, torch.zeros(2, 3), mask, staleness, correction({"mode": "tis"}))
-    assert set(figures) == {"0", "1"}  # no token of staleness 2+: no bucket
+    assert set(figures) == {"0", "1"}  # no token of staleness 2 or more: no bucket
     assert figures["0"]["is_ess"].item() == pytest.approx(25 / 26)
     assert figures["1"]["is_ess"].item() == pytest.approx(2 / 3)
     assert figures["0"]["is_frac_truncated"].item() == 0.0
