@@ -109,6 +109,22 @@ def test_a_merged_push_sends_whole_adapted_blocks_equal_to_pefts_merge(tiny_qwen
     assert {s for bucket in export.specs(model, 2**40, "bfloat16") for s in bucket} == spec
 
 
+def test_a_dense_models_merged_push_carries_its_blocks_biases(tiny_qwen2_dir):
+    model = lora.wrap(load_causal_lm(ModelConfig(path=str(tiny_qwen2_dir)), "float32"),
+                      LoraConfig(**MERGED, target_modules=["v_proj", "down_proj"]))
+    randomize_b(model)
+    sent = dict(export.exported(model))
+    # v_proj's block: q, k and v with their biases (Qwen2's), o; down_proj's: the MLP's three projections
+    assert list(sent)[:7] == [f"model.layers.0.self_attn.{n}" for n in (
+        "q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias",
+        "o_proj.weight")]
+    assert [n for n in sent if ".layers.0.mlp." in n] == [f"model.layers.0.mlp.{n}_proj.weight"
+                                                          for n in ("gate", "up", "down")]
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    for name, tensor in sent.items():
+        torch.testing.assert_close(tensor, merged[name], rtol=1e-6, atol=1e-6, msg=name)
+
+
 # ------------------------------------------------------------------------------------------ the experts' adapters
 def test_expert_adapters_start_as_the_base_and_receive_the_gradients_of_a_difference_quotient(tiny_qwen3_moe_dir):
     path = ModelConfig(path=str(tiny_qwen3_moe_dir))
