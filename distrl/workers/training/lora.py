@@ -202,7 +202,7 @@ class Merged(Mapping[str, torch.Tensor]):
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.adapted:
             return self.plain[name]
-        from distrl.workers.training.sharding import own_rows
+        from distrl.workers.training.sharding.wrap import own_rows
 
         weight: Any
         module: Any
