@@ -82,7 +82,7 @@ def test_the_critic_takes_no_load_balancing_loss():
         CriticConfig(router_aux_loss_coef=1e-3)
 
 
-def test_lora_adapts_a_moe_policys_attention_and_refuses_its_fused_experts(tiny_qwen3_moe_dir):
+def test_lora_adapts_a_moe_policys_attention_and_its_experts_only_served_merged(tiny_qwen3_moe_dir):
     from distrl.config import LoraConfig
     from tests.test_routing_replay import with_routes
 
@@ -98,6 +98,7 @@ def test_lora_adapts_a_moe_policys_attention_and_refuses_its_fused_experts(tiny_
     assert all(not torch.equal(after[n], before[n]) for n in trained if "lora_B" in n)  # B moves off zero
     assert all(torch.equal(after[n], before[n]) for n in before if n not in trained)  # routers and experts frozen
     assert figures["moe/max_vio/max"] > 0
-    with pytest.raises(ValueError, match=r"target_modules \['gate_proj', 'up_proj', 'down_proj'\]: in a mixture of "
-                                         r"experts transformers holds the experts' projections fused"):
+    with pytest.raises(ValueError, match=r"target_modules \['gate_proj', 'up_proj', 'down_proj'\] on a mixture of "
+                                         r"experts adapt its experts' fused parameters .* set learner.lora.serve "
+                                         r"'merged'"):
         make_learner(tiny_qwen3_moe_dir, lora=LoraConfig())

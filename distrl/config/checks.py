@@ -142,8 +142,9 @@ def lora_problems(learner: LearnerConfig, reference: ReferenceConfig, cluster: C
                       f"the learners' base model (the adapters disabled), not another model; set "
                       f"reference.path null")
     if cluster.weight_sync == "nccl":
-        errors.append("learner.lora with cluster.weight_sync 'nccl': a push sends only the adapters (megabytes), "
-                      "through the object store; set cluster.weight_sync 'auto' or 'object_store'")
+        errors.append("learner.lora with cluster.weight_sync 'nccl': a push sends only the adapters (megabytes), or "
+                      "with learner.lora.serve 'merged' the adapted blocks, through the object store; set "
+                      "cluster.weight_sync 'auto' or 'object_store'")
     return errors
 
 

@@ -68,8 +68,9 @@ class LoraConfig(Section):
     with A `[r, in]` (random) and B `[out, r]` (zeros at the start, so the first policy is the base model). Only A and
     B train; the base weights stay frozen, in `learner.dtype` (under `strategy: fsdp`, sharded over the learners in
     float32, the adapters replicated). The reference of a KL term is the base model itself
-    (the adapters disabled, on the learners: no reference actor), pushes send only the adapters, which the engines
-    serve through vLLM's LoRA support, and checkpoints hold the adapters in PEFT's format."""
+    (the adapters disabled, on the learners: no reference actor), checkpoints hold the adapters in PEFT's format, and
+    pushes send either the adapters, which the engines serve through vLLM's LoRA support, or the adapted projections
+    merged into their base weights, which the engines serve as plain weights (`serve`)."""
 
     rank: int = 8
     """r, the adapters' rank: one of vLLM's `max_lora_rank` values (1, 8, 16, 32, 64, 128, 256, 320, 512)."""
@@ -80,7 +81,19 @@ class LoraConfig(Section):
     without it)."""
     target_modules: list[str] = Field(default_factory=lambda: list(LORA_MODULES), min_length=1)
     """The projections that get adapters, by their HF names (every layer's): a subset of q_proj, k_proj, v_proj,
-    o_proj, gate_proj, up_proj, down_proj."""
+    o_proj, gate_proj, up_proj, down_proj. On a mixture of experts, gate_proj, up_proj and down_proj also name the
+    experts' projections, which transformers holds fused as parameters (`mlp.experts.gate_up_proj` `[E, 2I, H]`,
+    `down_proj` `[E, H, I]`) and peft adapts through its `target_parameters` (one adapter of rank r per expert):
+    gate_proj and up_proj then come together (their experts' weights are one tensor), the adapters are served
+    merged (`serve: merged`) and take no dropout (peft cannot apply it to a parameter's adapter)."""
+    serve: Literal["adapters", "merged"] = "adapters"
+    """How the engines serve the adapters. `adapters`: each push sends A and B (megabytes), which the engines
+    register through vLLM's LoRA support (`enable_lora`) over the base they loaded from `model.path`. `merged`: each
+    push sends W + (alpha/r) B A of every adapted projection (and the rest of its attention or MLP block, which vLLM
+    loads as one layer), and the engines, started without LoRA support, serve plain weights, checked tensor by tensor
+    like a full push; the rest of the model is the base the engines loaded from `model.path`, which is frozen. For
+    engines without LoRA support for the model (vLLM's CPU build on a mixture of experts) and for adapters on a
+    mixture of experts' experts."""
 
     @model_validator(mode="after")
     def _servable(self) -> LoraConfig:

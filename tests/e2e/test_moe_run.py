@@ -40,6 +40,26 @@ def test_the_quickstart_trains_a_moe_policy_in_process(tmp_path, tiny_qwen3_moe_
     assert all(0 < h["moe/router_entropy"] < 2.08 for h in history) and "loss/router_aux" not in history[-1]
 
 
+def test_lora_on_a_moe_policys_attention_and_experts_served_merged_in_process(tmp_path, tiny_qwen3_moe_dir):
+    """Adapters on every projection, the experts' fused parameters included (peft's target_parameters), served
+    merged: vLLM's CPU build, which cannot serve LoRA on a MoE, starts without it and is pushed the adapted blocks
+    merged, each push verified tensor by tensor."""
+    cfg = moe_config(tmp_path, tiny_qwen3_moe_dir, "cluster.backend=local", "run.steps=3", "learner.lora.rank=8",
+                     "learner.lora.serve=merged", "learner.lr=1e-2")
+    assert cfg.learner.lora is not None and cfg.served_adapters is None and cfg.cluster.verify_weights
+    assert not cfg.needs_reference  # the reference is the learner's base, the adapters disabled
+    history = train(cfg)
+    assert [h["policy_version"] for h in history] == [0, 1, 2]
+    # float32 on both sides: the engine samples with the merged weights the learner computes with (its adapters
+    # unmerged: W x + s B (A x), rounding apart), as close as a dense model's (tests/test_driver_local.py: 1e-5).
+    assert all(abs(h["correction/mismatch_kl/staleness_0"]) < 1e-5 for h in history)
+    assert history[-1]["kl/ref"] > 0  # the adapters moved the policy away from the base
+    # Each push: both layers' attention (q 128x128, k and v 64x128, o 128x128, two norms of 32: 49216 floats) and
+    # MLP (experts' gate_up_proj 8x128x128 and down_proj 8x128x64, router 8x128: 197632), float32; no embedding,
+    # LM head or layer norm.
+    assert all(h["sync/bytes"] == 4 * 2 * (49216 + 197632) for h in history)
+
+
 def test_two_fsdp_learners_train_a_moe_policy_and_resume_it_exactly(ray_session, tmp_path, tiny_qwen3_moe_dir):
     fsdp = ("learner.strategy=fsdp", "cluster.learner.num_actors=2", "cluster.learner.num_cpus=0.25",
             "learner.micro_batch_size=8", "run.checkpoint_every=2")

@@ -188,8 +188,9 @@ class Learner:
         """This learner's pieces of one bucket of `weight_specs`, cast to the rollout dtype, on CPU, pickled as raw
         bytes (engines map them, not copy them): its own rows of each tensor, so that no learner sends (or gathers)
         the whole model; replicas' learner 0 sends every tensor whole. With `learner.lora` the pieces are the
-        adapters, whole, from learner 0 (gathered when the learners shard them; megabytes)."""
-        if self.cfg.lora is not None:
+        adapters, whole, from learner 0 (megabytes), or with `serve: merged` each learner's rows of the adapted
+        blocks merged (`lora.Merged`)."""
+        if self.cfg.lora is not None and self.cfg.lora.serve == "adapters":
             return Pieces.whole(self.strategy.bucket(self.model, spec, dtype))
         return self.strategy.pieces(self.model, spec, dtype)
 
@@ -198,9 +199,9 @@ class Learner:
         `regions` (tensor name -> the regions the engines' workers hold: `RolloutWorker.weight_regions`; None: every
         tensor whole, as an engine at TP 1 holds them): every
         learner fingerprints the rows it sends (`fingerprint.of_blocks`), and an engine adds the parts
-        (`fingerprint.add`). Nothing is gathered, but with `learner.lora` (the adapters as the engines hold them, B
-        scaled: `lora.served_tensors`, on learner 0)."""
-        if self.cfg.lora is not None:
+        (`fingerprint.add`). Nothing is gathered; with `learner.lora` served as adapters, learner 0 fingerprints them
+        as the engines hold them (B scaled: `lora.served_tensors`)."""
+        if self.cfg.lora is not None and self.cfg.lora.serve == "adapters":
             served = lora.served_tensors(export.exported(self.model), DTYPES[dtype], self.cfg.lora.scaling)
             blocks = ((name, t, 0, t.shape[0]) for name, t in served) if dist.rank() == 0 else iter(())
             return fingerprint.of_blocks(blocks, regions, DTYPES[dtype])

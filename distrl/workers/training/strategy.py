@@ -216,7 +216,8 @@ class ShardedBase(Sharded):
     """`fsdp` with `learner.lora`: the frozen base sharded over the learners (FSDP2, each holding 1/M of it, with no
     gradients or optimizer state for it), the adapters, ~1% of the model, replicated on every learner as under
     `replicate`: their gradients all-reduced (summed) and clipped as plain tensors, pushed and checkpointed (in PEFT's
-    format, with their optimizer state) by learner 0. Forward passes stay collectives (`Sharded.lockstep`); the base
+    format, with their optimizer state) by learner 0; served merged (`learner.lora.serve`), each learner sends the
+    merged rows of its own base blocks. Forward passes stay collectives (`Sharded.lockstep`); the base
     comes from the model's files, so checkpoints need none of it."""
 
     name = "replicate"  # what a checkpoint holds (the adapters and their optimizer state) is a replica's: either
@@ -228,7 +229,6 @@ class ShardedBase(Sharded):
 
     reduce_grads = Replicated.reduce_grads
     clip = Replicated.clip
-    bucket = Replicated.bucket
     save = Replicated.save
     load = Replicated.load
 

@@ -10,7 +10,7 @@ fingerprint check failing on `lm_head.weight`).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -20,15 +20,20 @@ Spec = list[tuple[str, tuple[int, ...]]]
 """One bucket: (HF name, shape) of each tensor in it."""
 
 
-def exported(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) of every weight the engines load, in state-dict order, tied ones under each name; only the
-    adapter tensors (PEFT names) of a model with adapters."""
+def state(model: torch.nn.Module) -> Mapping[str, torch.Tensor]:
+    """{HF name: tensor} of every weight the engines load, in state-dict order, tied ones under each name; of a model
+    with adapters, the adapter tensors (PEFT names), or with `learner.lora.serve: merged` the adapted blocks merged
+    (`lora.Merged`, each made when read)."""
     from distrl.workers.training import lora
 
-    if lora.is_adapted(model):
-        yield from lora.adapter_tensors(model)
-    else:
-        yield from model.state_dict().items()
+    if not lora.is_adapted(model):
+        return model.state_dict()
+    return lora.Merged(model) if lora.serves_merged(model) else dict(lora.adapter_tensors(model))
+
+
+def exported(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every weight the engines load (`state`), in order."""
+    yield from state(model).items()
 
 
 def specs(model: torch.nn.Module, bucket_bytes: int, dtype: str | torch.dtype) -> list[Spec]:
@@ -48,9 +53,9 @@ def specs(model: torch.nn.Module, bucket_bytes: int, dtype: str | torch.dtype) -
 
 def bucket(model: torch.nn.Module, spec: Spec, dtype: str, device: str = "cpu") -> dict[str, torch.Tensor]:
     """The tensors of one bucket `spec`, cast to `dtype`, contiguous on `device`."""
-    state = dict(exported(model))
+    tensors = state(model)
     with torch.no_grad():
-        return {name: state[name].detach().to(device, DTYPES[dtype]).contiguous() for name, _ in spec}
+        return {name: tensors[name].detach().to(device, DTYPES[dtype]).contiguous() for name, _ in spec}
 
 
 class Bucket(dict):

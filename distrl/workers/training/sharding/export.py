@@ -47,7 +47,7 @@ def gather_bucket(model: torch.nn.Module, spec: Spec, dtype: torch.dtype, device
     e.g. the engines' bfloat16, is never finer than the float32 master weights) the gather moves and holds half the
     bytes. (The training compute dtype would not do: with float32 engines and bfloat16 compute it would round
     weights the export must send exactly.)"""
-    state = model.state_dict()
+    state = export.state(model)  # the model's own tensors, or its adapted blocks merged (learner.lora)
     rank0 = every_rank or not dist.is_initialized() or dist.get_rank() == 0
     out = {}
     mesh_device = None
@@ -72,7 +72,7 @@ def local_pieces(model: torch.nn.Module, spec: Spec, dtype: torch.dtype) -> Piec
     the first of them (`Pieces`); no collective. A tensor held whole on every rank (not sharded), or a block held on
     several (replicated over a mesh dimension), is sent by the first of its holders only, so that the ranks' pieces
     tile every tensor once."""
-    state = model.state_dict()
+    state = export.state(model)  # the model's own tensors, or its adapted blocks merged (learner.lora)
     out = Pieces(Bucket(), {})
     for name, _ in spec:
         tensor = state[name]
