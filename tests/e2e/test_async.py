@@ -2,7 +2,7 @@
 learns with its engine on another node than the learner and reference; no trained sample is staler than
 `loop.max_staleness` in either scaling direction (2 rollout actors x 1 learner with dynamic sampling, which fills
 batches with groups that carry a signal, and partial rollouts, whose samples go on across weight pushes; 1 x 2 cut
-and resumed, which continues where its checkpoint left off).
+and resumed with partial rollouts, which continues where its checkpoint left off, each prompt trained once).
 
 Each run carries several checks: starting one costs more than all its steps."""
 
@@ -11,6 +11,7 @@ import json
 from distrl.driver import train
 
 from .conftest import quickstart
+from .faults import check_each_prompt_trained_once
 from .nodes import actors_of
 
 
@@ -59,7 +60,8 @@ def test_two_engines_one_learner_partial_rollouts_within_the_bound_with_dynamic_
 def test_one_engine_two_learners_within_the_bound_cut_and_resumed(ray_session, tmp_path):
     common = ("loop.mode=async", "loop.max_staleness=1", "cluster.learner.num_actors=2",
               "cluster.learner.num_cpus=0.25", "rollout.prompts_per_step=4", "rollout.chunk_prompts=1",
-              "learner.micro_batch_size=8", "run.checkpoint_every=2")
+              "learner.micro_batch_size=8", "run.checkpoint_every=2",
+              "loop.partial_rollouts=true", "loop.slice_tokens=4", "run.samples_every=1", "run.samples_per_write=32")
     first = train(quickstart(tmp_path, *common, "run.steps=3", "run.checkpoint_at_end=false"))  # 3: trained, not saved
     resumed = train(quickstart(tmp_path, *common, "run.steps=6", "run.resume=true", "run.overwrite=false"))
     assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3, 4, 5, 6]
@@ -73,3 +75,9 @@ def test_one_engine_two_learners_within_the_bound_cut_and_resumed(ray_session, t
     # scored when the batch is cut is trained a step later than younger chunks (the local-mode test checks the
     # exact tickets).
     assert state["data"]["next"] + len(state["data"]["consumed"]) == 16
+    # Partial rollouts: samples were open when the first run was cut after step 3 (its step 2 checkpoint holds no
+    # partial samples: the resumed run samples their groups again from their prompts); each prompt was trained once
+    # over the six steps, with its 8 samples, and none was lost.
+    assert first[1]["partial/carried_tokens"] > 0 and first[2]["partial/carried_tokens"] > 0
+    assert sum(h["samples/dropped_stale"] for h in history) == 0
+    check_each_prompt_trained_once(tmp_path / "quickstart", 6, n=8, k=1)
