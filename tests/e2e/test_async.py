@@ -58,7 +58,7 @@ def test_two_engines_one_learner_partial_rollouts_within_the_bound_with_dynamic_
 
 
 def test_one_engine_two_learners_within_the_bound_cut_and_resumed(ray_session, tmp_path):
-    common = ("loop.mode=async", "loop.max_staleness=1", "cluster.learner.num_actors=2",
+    common = ("loop.mode=async", "loop.max_staleness=2", "cluster.learner.num_actors=2",
               "cluster.learner.num_cpus=0.25", "rollout.prompts_per_step=4", "rollout.chunk_prompts=1",
               "learner.micro_batch_size=8", "run.checkpoint_every=2",
               "loop.partial_rollouts=true", "loop.slice_tokens=4", "run.samples_every=1", "run.samples_per_write=32")
@@ -66,7 +66,7 @@ def test_one_engine_two_learners_within_the_bound_cut_and_resumed(ray_session, t
     resumed = train(quickstart(tmp_path, *common, "run.steps=6", "run.resume=true", "run.overwrite=false"))
     assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3, 4, 5, 6]
     history = first + resumed
-    assert all(h["staleness/max"] <= 1 for h in history)
+    assert all(h["staleness/max"] <= 2 for h in history)
     assert any(h["staleness/max"] > 0 for h in history)  # the producer really ran ahead
     assert all(h["learner/tokens"] > 0 for h in history)
     assert resumed[0]["learner/optimizer_steps"] == 3  # the optimizer state came back with step 2's checkpoint
@@ -80,4 +80,4 @@ def test_one_engine_two_learners_within_the_bound_cut_and_resumed(ray_session, t
     # over the six steps, with its 8 samples, and none was lost.
     assert first[1]["partial/carried_tokens"] > 0 and first[2]["partial/carried_tokens"] > 0
     assert sum(h["samples/dropped_stale"] for h in history) == 0
-    check_each_prompt_trained_once(tmp_path / "quickstart", 6, n=8, k=1)
+    check_each_prompt_trained_once(tmp_path / "quickstart", 6, n=8, k=2)
