@@ -75,9 +75,10 @@ def test_one_engine_two_learners_within_the_bound_cut_and_resumed(ray_session, t
     # scored when the batch is cut is trained a step later than younger chunks (the local-mode test checks the
     # exact tickets).
     assert state["data"]["next"] + len(state["data"]["consumed"]) == 16
-    # Partial rollouts: samples were open when the first run was cut after step 3 (its step 2 checkpoint holds no
-    # partial samples: the resumed run samples their groups again from their prompts); each prompt was trained once
-    # over the six steps, with its 8 samples, and none was lost.
-    assert first[1]["partial/carried_tokens"] > 0 and first[2]["partial/carried_tokens"] > 0
+    # Partial rollouts: samples were open around the cut, at step 2's checkpoint (which holds no partial samples: the
+    # resumed run samples their groups again from their prompts) or at step 3 (one of the two: when the learners are
+    # slower than the engine, the groups of the step after are finished, not carried, when a batch is handed out);
+    # each prompt was trained once over the six steps, with its 8 samples, and none was lost.
+    assert first[1]["partial/carried_tokens"] > 0 or first[2]["partial/carried_tokens"] > 0
     assert sum(h["samples/dropped_stale"] for h in history) == 0
     check_each_prompt_trained_once(tmp_path / "quickstart", 6, n=8, k=2)
