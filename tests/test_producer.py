@@ -263,3 +263,35 @@ def test_partial_rollouts_hand_out_finished_groups_and_carry_the_tail_until_it_i
     assert [len(v) for v in versions] == [13, 13] and all(v[0] == 0 for v in versions)
     assert all(second.rollouts.policy_version[i] == 0 for i in rows)  # its staleness: 2 - 1 - 0 = 1 <= k
     assert any(1 in v for v in versions)  # it went on under the weights pushed meanwhile
+
+
+class TailDying(Tail):
+    """`Tail` whose first instance dies (as a killed actor does) in its second call."""
+
+    made = 0
+
+    def __init__(self):
+        TailDying.made += 1
+        self.calls, self.doomed = 0, TailDying.made == 1
+
+    def continue_samples(self, prefixes: Rollouts, samples: list[int], slice_tokens: int) -> Rollouts:
+        self.calls += 1
+        if self.doomed and self.calls >= 2:
+            raise ActorLost("killed")
+        return super().continue_samples(prefixes, samples, slice_tokens)
+
+
+def test_partial_rollouts_keep_the_prefixes_a_lost_chunk_held_and_count_them():
+    Tail.version, TailDying.made = 0, 0
+    group: LocalGroup = LocalGroup("rollout", LocalBackend(), lambda i, incarnation: TailDying(), 1)
+    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(16)], seed=0, shuffle=False)
+    producer = Producer(group, stream, RewardConfig(), prompts_per_step=2, max_staleness=1, chunk_prompts=2,
+                        dynamic_sampling=None, load_weights=lambda i: Done(0), recovery=RecoveryConfig(),
+                        call_timeout_s=60.0, slice_tokens=2, samples_per_prompt=2)
+    batch, stats = producer.next_batch(step=1)
+    # Call 1: prompts 0 and 1 (2 samples each); prompt 1's finish, prompt 0's have 2 tokens. Call 2 (prompt 0's two
+    # samples, prompt 2's two) is lost: prompt 0's 2 + 2 tokens are kept and sent again, prompt 2's had none.
+    assert stats.rollout_restarts == 1 and stats.redispatched_prompts == 2 and stats.redispatched_tokens == 4
+    assert sorted(set(batch.rollouts.group)) == [1, 2]
+    assert [len(producer.carry.groups[0].prefixes[j].response_ids[0]) for j in (0, 1)] == [6, 6]
+    assert stats.metrics()["partial/redispatched_tokens"] == 4.0

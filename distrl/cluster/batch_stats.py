@@ -29,12 +29,16 @@ class BatchStats:
     # number may change: cluster.rollout.min_actors / max_actors)
     redispatched_prompts: int = 0  # prompts whose chunk was lost with its actor and sent again
     carried_tokens: int | None = None  # partial rollouts: tokens of unfinished groups when the batch was handed out
+    redispatched_tokens: int = 0  # partial rollouts: tokens sampled before the slice a lost chunk held (kept, and
+    # sent again as the prefixes of its samples)
 
     def metrics(self) -> dict[str, float]:
         seen = self.kept_groups + self.filtered_groups
         elastic = ({"rollout/engines": float(self.engines), "rollout/engines_added": float(self.rollout_added),
                     "faults/rollout_retired": float(self.rollout_retired)} if self.engines is not None else {})
-        carried = {"partial/carried_tokens": float(self.carried_tokens)} if self.carried_tokens is not None else {}
+        carried = ({"partial/carried_tokens": float(self.carried_tokens),
+                    "partial/redispatched_tokens": float(self.redispatched_tokens)}
+                   if self.carried_tokens is not None else {})
         return {**carried, "reward/errors": float(self.reward_errors),
                 "samples/dropped_stale": float(self.dropped_stale),
                 "faults/rollout_restarts": float(self.rollout_restarts), **elastic,

@@ -189,6 +189,7 @@ class Producer:
                 raise
             if chunk.pieces is not None and self.carry is not None:  # its samples wait again, prefixes kept
                 self.carry.lost(chunk.pieces)
+                self.stats.redispatched_tokens += sum(map(len, chunk.pieces.prefixes.response_ids))
             else:
                 self.redo.extend(zip(chunk.tickets, chunk.prompts, strict=True))
             self.stats.redispatched_prompts += len(chunk.tickets)

@@ -2,6 +2,7 @@
 
 import json
 import time
+from collections import Counter
 
 import psutil
 import pytest
@@ -63,3 +64,30 @@ def wait_for_checkpoint(proc, manifest, within_s: float = 60) -> None:
 
 def rows_of(metrics) -> list[dict]:
     return [json.loads(line) for line in metrics.read_text().splitlines()]
+
+
+def trained_tickets(run, last: int) -> dict[int, Counter]:
+    """Step -> how many samples of each prompt ticket it trained, for steps 1 .. `last`, read from the samples the
+    run wrote (`run.samples_every=1` with `run.samples_per_write` at least a batch's samples: all of them)."""
+    return {step: Counter(json.loads(line)["ticket"]
+                          for line in (run / "samples" / f"step_{step:06d}.jsonl").read_text().splitlines())
+            for step in range(1, last + 1)}
+
+
+def check_each_prompt_trained_once(run, last: int, n: int, k: int) -> None:
+    """Steps 1 .. `last` of `run` (its checkpoint of step `last` written, nothing dropped or filtered): every prompt
+    trained in one step only, with its `n` samples (never trained twice); the prompts its checkpoint records as
+    consumed are exactly those (a resumed run draws the others again); and none drawn before a prompt trained at
+    least k + 3 steps before the last is missing (a group is trained within k steps of a younger one, give or take
+    the slice a lost engine took with it: older and missing is lost)."""
+    by_step = trained_tickets(run, last)
+    for step, counts in by_step.items():
+        assert set(counts.values()) == {n}, (step, counts)
+    trained = [t for counts in by_step.values() for t in counts]
+    assert len(trained) == len(set(trained)), [t for t, c in Counter(trained).items() if c > 1]
+    data = json.loads((run / "checkpoints" / f"step_{last:06d}" / "driver_state.json").read_text())["data"]
+    assert set(range(data["next"])) | set(data["consumed"]) == set(trained)
+    settled = [t for step in range(1, last - k - 2) for t in by_step[step]]
+    assert settled, f"{last} steps leave none settled at k = {k}"
+    missing = sorted(set(range(max(settled))) - set(trained))
+    assert not missing, missing

@@ -2,7 +2,7 @@
 learns with its engine on another node than the learner and reference; no trained sample is staler than
 `loop.max_staleness` in either scaling direction (2 rollout actors x 1 learner with dynamic sampling, which fills
 batches with groups that carry a signal, and partial rollouts, whose samples go on across weight pushes; 1 x 2 cut
-and resumed, which continues where its checkpoint left off).
+and resumed with partial rollouts, which continues where its checkpoint left off, each prompt trained once).
 
 Each run carries several checks: starting one costs more than all its steps."""
 
@@ -11,6 +11,7 @@ import json
 from distrl.driver import train
 
 from .conftest import quickstart
+from .faults import check_each_prompt_trained_once
 from .nodes import actors_of
 
 
@@ -57,14 +58,15 @@ def test_two_engines_one_learner_partial_rollouts_within_the_bound_with_dynamic_
 
 
 def test_one_engine_two_learners_within_the_bound_cut_and_resumed(ray_session, tmp_path):
-    common = ("loop.mode=async", "loop.max_staleness=1", "cluster.learner.num_actors=2",
+    common = ("loop.mode=async", "loop.max_staleness=2", "cluster.learner.num_actors=2",
               "cluster.learner.num_cpus=0.25", "rollout.prompts_per_step=4", "rollout.chunk_prompts=1",
-              "learner.micro_batch_size=8", "run.checkpoint_every=2")
+              "learner.micro_batch_size=8", "run.checkpoint_every=2",
+              "loop.partial_rollouts=true", "loop.slice_tokens=4", "run.samples_every=1", "run.samples_per_write=32")
     first = train(quickstart(tmp_path, *common, "run.steps=3", "run.checkpoint_at_end=false"))  # 3: trained, not saved
     resumed = train(quickstart(tmp_path, *common, "run.steps=6", "run.resume=true", "run.overwrite=false"))
     assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3, 4, 5, 6]
     history = first + resumed
-    assert all(h["staleness/max"] <= 1 for h in history)
+    assert all(h["staleness/max"] <= 2 for h in history)
     assert any(h["staleness/max"] > 0 for h in history)  # the producer really ran ahead
     assert all(h["learner/tokens"] > 0 for h in history)
     assert resumed[0]["learner/optimizer_steps"] == 3  # the optimizer state came back with step 2's checkpoint
@@ -73,3 +75,10 @@ def test_one_engine_two_learners_within_the_bound_cut_and_resumed(ray_session, t
     # scored when the batch is cut is trained a step later than younger chunks (the local-mode test checks the
     # exact tickets).
     assert state["data"]["next"] + len(state["data"]["consumed"]) == 16
+    # Partial rollouts: each prompt trained once over the six steps, with its 8 samples, none lost. Whether samples
+    # are open at the cut depends on the speeds (with the learners slower than the engine the next step's groups
+    # have finished when a batch is handed out), so carried samples are asserted in the runs with faults
+    # (test_nodes.py), not here; step 2's checkpoint holds no partial samples either way, the resumed run samples
+    # open groups again from their prompts.
+    assert sum(h["samples/dropped_stale"] for h in history) == 0
+    check_each_prompt_trained_once(tmp_path / "quickstart", 6, n=8, k=2)

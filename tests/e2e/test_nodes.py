@@ -10,11 +10,13 @@ its own raylet and object store, and nodes the tests add and lose):
 - a killed engine is replaced in the running job, and a learner whose node is lost is recovered from the newest
   checkpoint, its roles placed again once a node with its label has joined; every step is logged once, every
   prompt trained once.
+
+Both asynchronous runs use partial rollouts, so their faults find samples that straddle steps: each prompt is
+trained once, with all its samples, none lost (`faults.check_each_prompt_trained_once`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -22,9 +24,14 @@ import time
 from distrl.driver import train
 
 from .conftest import outcome
-from .faults import kill_actor
+from .faults import check_each_prompt_trained_once, kill_actor
 from .nodes import Nodes, Watch, actors_of, joined, leftovers
 from .test_service import check_topology, topology
+
+# Partial rollouts, samples of up to 16 tokens drawn 4 at a time, and every step's samples written (their tickets):
+# the faults below find samples that straddle steps. At k = 2: the batch a step takes is generated while the update
+# before it runs, so at k = 1 no other group is open when it is handed out (a sample never straddles a step there).
+PARTIAL = ("loop.max_staleness=2", "loop.partial_rollouts=true", "loop.slice_tokens=4", "run.samples_every=1")
 
 
 def node_of(nodes: Nodes, name: str) -> str:
@@ -65,7 +72,7 @@ def test_engines_join_leave_and_are_replaced_with_their_nodes_in_the_asynchronou
     spot = [nodes.add(labels={"pool": "spot"})]
     run = tmp_path / "elastic"
     watch = Watch(joined(nodes, tmp_path, "run.name=elastic", "loop.mode=async", "run.steps=100000",
-                         "rollout.prompts_per_step=4",
+                         "rollout.prompts_per_step=4", *PARTIAL, "run.samples_per_write=32",
                          "learner.micro_batch_size=8", "cluster.rollout.num_cpus=1",
                          "cluster.rollout.labels={pool: spot}", "cluster.rollout.min_actors=1",
                          "cluster.rollout.max_actors=2", "cluster.recovery.start_timeout_s=180"), run)
@@ -73,10 +80,10 @@ def test_engines_join_leave_and_are_replaced_with_their_nodes_in_the_asynchronou
         watch.until("two steps", lambda rows: len(rows) >= 2)
         spot.append(nodes.add(labels={"pool": "spot"}))  # a node joins: the engine waiting for room starts there
         rows = watch.until("a second engine", lambda rows: total(rows, "rollout/engines_added") >= 1)
-        watch.until("steps with two engines", lambda r: len(r) >= len(rows) + 3)
+        at_faults = [len(watch.until("steps with two engines", lambda r: len(r) >= len(rows) + 3))]
         nodes.lose(spot[0])  # above min_actors: its engine is let go
         rows = watch.until("the first engine let go", lambda rows: total(rows, "faults/rollout_retired") >= 1)
-        watch.until("steps with one engine", lambda r: len(r) >= len(rows) + 2)
+        at_faults.append(len(watch.until("steps with one engine", lambda r: len(r) >= len(rows) + 2)))
         killed = nodes.lose(spot[1])  # at min_actors: its engine is replaced, once Ray declares it dead, and the
         # replacement waits for a spot node: one joins once the replacement has started
         deadline = time.monotonic() + 120
@@ -86,7 +93,8 @@ def test_engines_join_leave_and_are_replaced_with_their_nodes_in_the_asynchronou
         spot.append(nodes.add(labels={"pool": "spot"}))
         rows = watch.until("the replacement", lambda rows: total(rows, "faults/rollout_restarts") >= 1)
         recovered_s = time.monotonic() - killed
-        watch.until("steps after the replacement", lambda r: len(r) >= len(rows) + 2)
+        # k + 3 steps after it, so that a prompt lost at the last fault would show (check_each_prompt_trained_once)
+        watch.until("steps after the replacement", lambda r: len(r) >= len(rows) + 5)
         log = watch.stop()
     finally:
         if watch.proc.poll() is None:
@@ -94,11 +102,18 @@ def test_engines_join_leave_and_are_replaced_with_their_nodes_in_the_asynchronou
         nodes.remove_added()
     assert watch.proc.returncode == 143, log[-4000:]
     rows = watch.rows()
+    print("partial/carried_tokens by step:", [r["partial/carried_tokens"] for r in rows], "nodes lost after rows",
+          at_faults, "partial/redispatched_tokens:", total(rows, "partial/redispatched_tokens"))
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))  # every step once
     assert max(r["rollout/engines"] for r in rows) == 2 and rows[-1]["rollout/engines"] == 1
     assert (total(rows, "rollout/engines_added"), total(rows, "faults/rollout_retired"),
             total(rows, "faults/rollout_restarts")) == (1, 1, 1)
-    assert all(r["staleness/max"] <= 1 for r in rows) and total(rows, "samples/dropped_stale") == 0
+    assert all(r["staleness/max"] <= 2 for r in rows) and total(rows, "samples/dropped_stale") == 0
+    # Partial rollouts: samples were open (carried over) when each node was lost, and each prompt was trained once
+    # all the same, none lost with the engines that held a slice of it.
+    assert all(rows[i - 1]["partial/carried_tokens"] > 0 for i in at_faults), at_faults
+    assert any(r["tokens/versions_spanned_max"] > 1 for r in rows)
+    check_each_prompt_trained_once(run, len(rows), n=8, k=2)
     assert "letting it go, engines left: 1 (cluster.rollout.min_actors = 1)" in log
     assert "starting a replacement on its placement bundle" in log and "serves policy version" in log
     print(f"from the loss of the last engine's node to its replacement's first row: {recovered_s:.1f} s")
@@ -107,19 +122,22 @@ def test_engines_join_leave_and_are_replaced_with_their_nodes_in_the_asynchronou
 
 def test_a_killed_engine_is_replaced_and_a_learner_whose_node_is_lost_is_recovered_from_its_checkpoint(
         ray_session, tmp_path):
-    """Two faults in one synchronous run (starting one costs more than its steps): after step 2 the rollout actor's
-    process is killed, and it is replaced in the running job, served the current weights and given back the prompts
-    it held; once step 4's checkpoint is written, the only `pool: trainer` node, the learner's, is lost and another
-    trainer node joins: every role starts again, placed once that node is there, from the checkpoint."""
+    """Two faults in one asynchronous run with partial rollouts (starting one costs more than its steps): after
+    step 2 the rollout actor's process is killed, and it is replaced in the running job, served the current weights
+    and given back the samples it held, each with the prefix it was sent with; once step 4's checkpoint is written,
+    the only `pool: trainer` node, the learner's, is lost and another trainer node joins: every role starts again,
+    placed once that node is there, from the checkpoint, and the groups open then are sampled again from their
+    prompts. (The synchronous loop's engine and learner deaths: tests/e2e/test_lora_recovery.py.)"""
     nodes: Nodes = ray_session
     trainer = nodes.add(labels={"pool": "trainer"})
     run = tmp_path / "faults"
     watch = Watch(joined(nodes, tmp_path, "run.name=faults", "run.steps=100000", "run.checkpoint_every=2",
+                         "loop.mode=async", *PARTIAL, "run.samples_per_write=64",
                          "cluster.learner.labels={pool: trainer}", "cluster.recovery.start_timeout_s=180"), run)
     try:
-        watch.until("two steps", lambda rows: len(rows) >= 2)
-        # The engine is most likely generating step 3 (if it finished already, its death is noticed at the next
-        # push instead; either way it is replaced).
+        killed_after = watch.until("two steps", lambda rows: len(rows) >= 2)[-1]
+        # The engine is generating slices of step 3's and 4's samples (a chunk in flight, or loading weights between
+        # two: its death is then noticed at the push; either way it is replaced).
         kill_actor(os.getpid(), "RolloutWorker")
         watch.until("step 4's checkpoint", lambda _: (run / "checkpoints" / "step_000004" / "manifest.json").exists())
         killed = nodes.lose(trainer)
@@ -127,7 +145,8 @@ def test_a_killed_engine_is_replaced_and_a_learner_whose_node_is_lost_is_recover
         nodes.add(labels={"pool": "trainer"})
         rows = watch.until("the recovery", lambda rows: total(rows, "faults/recoveries") >= 1)
         recovered_s = time.monotonic() - killed
-        watch.until("steps after the recovery", lambda r: len(r) >= len(rows) + 2)
+        # k + 3 steps after it, so that a prompt lost there would show (check_each_prompt_trained_once)
+        watch.until("steps after the recovery", lambda r: len(r) >= len(rows) + 5)
         log = watch.stop()
     finally:
         if watch.proc.poll() is None:
@@ -144,11 +163,16 @@ def test_a_killed_engine_is_replaced_and_a_learner_whose_node_is_lost_is_recover
     assert [r["step"] for r in rows] == list(range(1, last + 1))  # the steps after the checkpoint, redone once
     assert total(rows, "faults/rollout_restarts") == 1 and total(rows, "faults/recoveries") == 1
     assert all(r["learner/tokens"] > 0 for r in rows)
-    # Every step trained a full batch, and the prompts the dead engine held were sent again: at the checkpoint the
-    # stop wrote, tickets 0 .. 8 x steps - 1 are consumed and nothing beyond.
-    state = json.loads((run / "checkpoints" / f"step_{last:06d}" / "driver_state.json").read_text())
-    assert state["data"]["next"] == 8 * last and state["data"]["consumed"] == []
+    assert all(r["staleness/max"] <= 2 for r in rows) and total(rows, "samples/dropped_stale") == 0
+    # Samples were open (carried over) when the engine was killed and when the learner's node was lost; every prompt
+    # was trained once all the same, with its 8 samples: those the dead engine held were sent again, and those open
+    # at the recovery sampled again; the checkpoint the stop wrote records exactly the prompts trained.
     recovered_from = int(re.search(r"restarting every role from \S*step_(\d+)", log)[1])
+    print("partial/carried_tokens by step:", [r["partial/carried_tokens"] for r in rows], "killed after step",
+          killed_after["step"], "recovered from step", recovered_from, "partial/redispatched_tokens:",
+          total(rows, "partial/redispatched_tokens"))
+    assert killed_after["partial/carried_tokens"] > 0 and rows[recovered_from - 1]["partial/carried_tokens"] > 0
+    check_each_prompt_trained_once(run, last, n=8, k=2)
     print(f"node lost after {lost_at} rows; from the loss to the first row after the recovery: {recovered_s:.1f} s; "
           f"steps redone: {lost_at - recovered_from}")
     assert leftovers("faults") == ([], [])
