@@ -50,11 +50,11 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict
 
 # The suite runs in TEST_WORKERS pytest processes (pytest-xdist): the end-to-end runs in one of them, one after
-# another (tests/e2e/conftest.py puts them in one group), the unit tests spread over the rest. An end-to-end run waits
+# another (tests/conftest.py's scheduler hands them out as one unit), the unit tests spread over the rest. An end-to-end run waits
 # much of its time (Ray and vLLM starting, actors answering), and the unit tests fill those waits. `TEST_WORKERS=0`
 # runs everything in this process, in collection order.
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 
 test: install lint docs $(PROMETHEUS)
 	PROMETHEUS=$(PROMETHEUS) $(PY) -m pytest tests $(XDIST)

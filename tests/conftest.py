@@ -6,6 +6,22 @@ from pathlib import Path
 
 import pytest
 
+END_TO_END = "tests/e2e/"
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (`make test` runs two workers), the end-to-end runs go to one worker as one unit, in their
+    order, one at a time (one Ray cluster per session; vLLM engines sized for one run at a time), while the other
+    workers take the unit tests a module at a time. xdist's own `--dist loadgroup` cannot say this with pytest 9.2:
+    it tags a group by rewriting `item._nodeid`, which pytest 9.2's node ids no longer read."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EndToEndApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return END_TO_END if nodeid.startswith(END_TO_END) else super()._split_scope(nodeid)
+
+    return EndToEndApart(config, log)
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `image` build a container image (many minutes, podman and debootstrap): they run only when the

@@ -17,15 +17,10 @@ from .nodes import Nodes, driver_env, free_port  # noqa: F401 - free_port: the t
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the group
 def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/e2e/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.e2e)
-            # `make test` runs two pytest workers (`--dist loadgroup`): the end-to-end runs all go to one of them, in
-            # order, one at a time (one Ray cluster per session, vLLM engines sized for one run at a time), while
-            # the other worker takes the unit tests.
-            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 def without_eval(overrides: tuple[str, ...]) -> list[str]:
