@@ -242,13 +242,18 @@ class Tail:
         return out
 
 
+def tail_producer(worker: type[Tail]) -> Producer:
+    """A producer of partial rollouts (slices of 2 tokens, 2 samples a prompt, k = 1) over one local `worker`."""
+    group: LocalGroup = LocalGroup("rollout", LocalBackend(), lambda i, incarnation: worker(), 1)
+    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(16)], seed=0, shuffle=False)
+    return Producer(group, stream, RewardConfig(), prompts_per_step=2, max_staleness=1, chunk_prompts=2,
+                    dynamic_sampling=None, load_weights=lambda i: Done(0), recovery=RecoveryConfig(),
+                    call_timeout_s=60.0, slice_tokens=2, samples_per_prompt=2)
+
+
 def test_partial_rollouts_hand_out_finished_groups_and_carry_the_tail_until_it_is_due():
     Tail.version = 0
-    group: LocalGroup = LocalGroup("rollout", LocalBackend(), lambda i, incarnation: Tail(), 1)
-    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(16)], seed=0, shuffle=False)
-    producer = Producer(group, stream, RewardConfig(), prompts_per_step=2, max_staleness=1, chunk_prompts=2,
-                        dynamic_sampling=None, load_weights=lambda i: Done(0), recovery=RecoveryConfig(),
-                        call_timeout_s=60.0, slice_tokens=2, samples_per_prompt=2)
+    producer = tail_producer(Tail)
     first, stats = producer.next_batch(step=1)
     # Prompt 0's samples (13 tokens, 2 a call) are still going: the finished groups 1 and 2 make the batch.
     assert sorted(set(first.rollouts.group)) == [1, 2] and stats.carried_tokens is not None
@@ -283,11 +288,7 @@ class TailDying(Tail):
 
 def test_partial_rollouts_keep_the_prefixes_a_lost_chunk_held_and_count_them():
     Tail.version, TailDying.made = 0, 0
-    group: LocalGroup = LocalGroup("rollout", LocalBackend(), lambda i, incarnation: TailDying(), 1)
-    stream = PromptStream([Prompt(i, "1+1=", [1, 2], answer="2") for i in range(16)], seed=0, shuffle=False)
-    producer = Producer(group, stream, RewardConfig(), prompts_per_step=2, max_staleness=1, chunk_prompts=2,
-                        dynamic_sampling=None, load_weights=lambda i: Done(0), recovery=RecoveryConfig(),
-                        call_timeout_s=60.0, slice_tokens=2, samples_per_prompt=2)
+    producer = tail_producer(TailDying)
     batch, stats = producer.next_batch(step=1)
     # Call 1: prompts 0 and 1 (2 samples each); prompt 1's finish, prompt 0's have 2 tokens. Call 2 (prompt 0's two
     # samples, prompt 2's two) is lost: prompt 0's 2 + 2 tokens are kept and sent again, prompt 2's had none.
